@@ -1,0 +1,46 @@
+# Two commands on a fresh machine with Python 3.11: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+DEMO_DIR ?= demo_runs
+
+.PHONY: install demo test test-fast lint bench browser clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade --quiet pip
+	$(PY) -m pip install torch==2.13.0
+	$(PY) -m pip install -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Debian's chromium for the browser tests; skipped (the tests then skip with a reason) where it cannot be installed.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) ; } || \
+		echo "note: chromium is not installed; browser tests will be skipped"
+
+# Two real trainings side by side (token PPO vs SO-PPO with auto-CTN), their post-mortems, and how to look.
+demo: install
+	$(VENV)/bin/sorl demo --log-dir $(DEMO_DIR)
+
+test: install browser
+	$(PY) -m pytest
+
+test-fast: install
+	$(PY) -m pytest -m "not slow and not browser"
+
+lint: install
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+bench: install
+	$(PY) -m pip install -e ".[dev,bench]"
+	$(PY) benchmarks/bench_writer.py
+	$(PY) benchmarks/bench_overhead.py
+	$(PY) benchmarks/bench_postmortem.py
+	$(PY) benchmarks/bench_dashboard.py
+
+clean:
+	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache test-artifacts
