@@ -1,0 +1,471 @@
+"""Stability metrics of one RL update: pure, batched, masked torch functions (DESIGN §2).
+
+Shapes: ``B`` sequences (episodes) of ``T`` tokens. ``mask`` is 1 on policy-generated tokens (the
+tokens the loss trains), 0 on prompt, observation and padding tokens. ``turn_ids`` holds each token's
+turn index (0, 1, …) inside its row and −1 off policy tokens; without it, turns are the contiguous
+runs of policy tokens (``turn_ids_from_mask``). Per-turn tensors have shape ``(B, T)``: a row has at
+most ``T`` turns, so column ``k`` holds turn ``k`` and unused columns have count 0.
+
+Every reduction is masked, runs on the tensors' device with no per-token Python loop and no host
+sync; the functions that train with (``token_log_ratio``, ``turn_ratio``, ``clip_fraction``,
+``kl_k3``, ``masked_mean``) are differentiable and shared with the bundled trainer's losses.
+Non-finite inputs are counted (``nonfinite_count``) and left out of every other statistic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+QUANTILE_MAX_ELEMENTS = 1 << 24  # torch.quantile's input limit; larger inputs are strided down
+
+TURN_COLUMNS = (
+    "n_tokens",
+    "ratio_mean",
+    "ratio_geomean",
+    "log_ratio_sum",
+    "ratio_max",
+    "ratio_min",
+    "clip_frac",
+    "turn_clipped",
+    "advantage",
+    "value",
+    "return",
+    "reward",
+    "kl_k3",
+    "entropy",
+)
+"""Per-turn statistics that ``update_metrics`` returns for the ``turns`` table, in this order."""
+
+
+# --------------------------------------------------------------------------- masked reductions
+def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """``Σ x·mask`` (masked entries may hold NaN/Inf: they are never touched)."""
+    masked = torch.where(mask.bool(), x, torch.zeros((), dtype=x.dtype, device=x.device))
+    return masked.sum() if dim is None else masked.sum(dim)
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """``Σ x·mask / Σ mask``; NaN where nothing is selected."""
+    count = mask.sum() if dim is None else mask.sum(dim)
+    total = masked_sum(x, mask, dim)
+    return torch.where(count > 0, total / count.clamp_min(1), torch.full_like(total, float("nan")))
+
+
+def masked_std(x: Tensor, mask: Tensor) -> Tensor:
+    """Population standard deviation ``sqrt(mean((x − mean)²))`` over selected entries."""
+    mean = masked_mean(x, mask)
+    return masked_mean((x - mean) ** 2, mask).sqrt()
+
+
+def masked_max(x: Tensor, mask: Tensor) -> Tensor:
+    """Largest selected value; NaN where nothing is selected."""
+    filled = torch.where(mask.bool(), x, torch.full_like(x, float("-inf"))).amax()
+    return torch.where(mask.any(), filled, torch.full_like(filled, float("nan")))
+
+
+def masked_min(x: Tensor, mask: Tensor) -> Tensor:
+    """Smallest selected value; NaN where nothing is selected."""
+    return -masked_max(-x, mask)
+
+
+def masked_quantile(x: Tensor, mask: Tensor, q: float | list[float]) -> Tensor:
+    """Quantile(s) ``q`` (linear interpolation) of the selected values; NaN where nothing is selected.
+
+    Inputs above ``QUANTILE_MAX_ELEMENTS`` entries are strided down to that size first.
+    """
+    flat = torch.where(mask.bool(), x, torch.full_like(x, float("nan"))).flatten()
+    if flat.numel() > QUANTILE_MAX_ELEMENTS:
+        flat = flat[:: -(-flat.numel() // QUANTILE_MAX_ELEMENTS)]
+    if isinstance(q, list):
+        return torch.nanquantile(flat, torch.tensor(q, dtype=flat.dtype, device=flat.device))
+    return torch.nanquantile(flat, q)
+
+
+def value_stats(x: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    """``mean, std, min, max`` of the selected entries."""
+    return {
+        "mean": masked_mean(x, mask),
+        "std": masked_std(x, mask),
+        "min": masked_min(x, mask),
+        "max": masked_max(x, mask),
+    }
+
+
+# --------------------------------------------------------------------------- turns
+def turn_ids_from_mask(mask: Tensor) -> Tensor:
+    """Turn index of each policy token: contiguous runs of ``mask == 1`` numbered 0, 1, … per row, −1 elsewhere."""
+    policy = mask.bool()
+    previous = F.pad(policy[:, :-1], (1, 0), value=False)
+    starts = policy & ~previous
+    ids = starts.long().cumsum(dim=1) - 1
+    return torch.where(policy, ids, torch.full_like(ids, -1))
+
+
+def _turn_index(turn_ids: Tensor) -> Tensor:
+    """Flat index ``b·T + k`` of each token's turn (turn ids below 0 map to the row's slot 0; mask them)."""
+    batch, length = turn_ids.shape
+    rows = torch.arange(batch, device=turn_ids.device).unsqueeze(1) * length
+    return (rows + turn_ids.clamp(0, length - 1)).flatten()
+
+
+def turn_sum(x: Tensor, turn_ids: Tensor, valid: Tensor) -> Tensor:
+    """Per-turn ``Σ_{t∈k} x_t`` over valid tokens, shape ``(B, T)`` (differentiable)."""
+    batch, length = turn_ids.shape
+    source = torch.where(valid, x, torch.zeros((), dtype=x.dtype, device=x.device)).flatten()
+    out = torch.zeros(batch * length, dtype=x.dtype, device=x.device)
+    return out.index_add(0, _turn_index(turn_ids), source).view(batch, length)
+
+
+def turn_count(turn_ids: Tensor, valid: Tensor) -> Tensor:
+    """Number of valid tokens in each turn, shape ``(B, T)``."""
+    return turn_sum(valid.to(torch.float32), turn_ids, valid)
+
+
+def turn_mean(x: Tensor, turn_ids: Tensor, valid: Tensor) -> Tensor:
+    """Per-turn mean over valid tokens, shape ``(B, T)``; 0 for empty turn slots (differentiable)."""
+    count = turn_count(turn_ids, valid).to(x.dtype)
+    return turn_sum(x, turn_ids, valid) / count.clamp_min(1)
+
+
+def turn_reduce(x: Tensor, turn_ids: Tensor, valid: Tensor, reduce: str) -> Tensor:
+    """Per-turn ``amax`` or ``amin`` over valid tokens, shape ``(B, T)``; ∓inf for empty slots."""
+    batch, length = turn_ids.shape
+    fill = float("-inf") if reduce == "amax" else float("inf")
+    source = torch.where(valid, x, torch.full_like(x, fill)).flatten()
+    out = torch.full((batch * length,), fill, dtype=x.dtype, device=x.device)
+    return out.scatter_reduce(0, _turn_index(turn_ids), source, reduce=reduce).view(batch, length)
+
+
+def broadcast_turns(per_turn: Tensor, turn_ids: Tensor) -> Tensor:
+    """Give every token its turn's value (``per_turn`` is ``(B, T)``); tokens off any turn get 0."""
+    gathered = per_turn.gather(1, turn_ids.clamp(0, per_turn.shape[1] - 1))
+    return torch.where(turn_ids >= 0, gathered, torch.zeros_like(gathered))
+
+
+# --------------------------------------------------------------------------- ratios, clipping, KL
+def token_log_ratio(logp: Tensor, old_logp: Tensor) -> Tensor:
+    """``log r_t = log π_θ(y_t) − log π_old(y_t)``."""
+    return logp - old_logp
+
+
+def turn_ratio(
+    log_ratio: Tensor, turn_ids: Tensor, valid: Tensor | None = None, mode: str = "mean"
+) -> Tensor:
+    """Turn-level IS ratio broadcast to the turn's tokens (differentiable).
+
+    ``mode="mean"``: ``w̄_k = mean_{t∈k} r_t`` (arithmetic mean of token ratios, the default);
+    ``mode="geomean"``: ``w̄_k = exp(mean_{t∈k} log r_t)``.
+    """
+    if valid is None:
+        valid = turn_ids >= 0
+    if mode == "mean":
+        per_turn = turn_mean(log_ratio.exp(), turn_ids, valid)
+    elif mode == "geomean":
+        per_turn = turn_mean(log_ratio, turn_ids, valid).exp()
+    else:
+        raise ValueError(f"turn ratio mode must be 'mean' or 'geomean', not {mode!r}")
+    return broadcast_turns(per_turn, turn_ids)
+
+
+def clipped_low(ratio: Tensor, eps_low: float) -> Tensor:
+    """``r < 1 − ε_low`` (the bound that binds when the advantage is negative)."""
+    return ratio < 1.0 - eps_low
+
+
+def clipped_high(ratio: Tensor, eps_high: float) -> Tensor:
+    """``r > 1 + ε_high`` (the bound that binds when the advantage is positive)."""
+    return ratio > 1.0 + eps_high
+
+
+def clip_fraction(
+    ratio: Tensor, mask: Tensor, eps_low: float, eps_high: float | None = None
+) -> dict[str, Tensor]:
+    """Share of selected entries outside the trust region ``[1 − ε_low, 1 + ε_high]``.
+
+    Returns ``total`` (= ``low`` + ``high``), ``low`` (``r < 1 − ε_low``) and ``high`` (``r > 1 + ε_high``),
+    as CleanRL's ``clipfracs``: whether or not the advantage's sign makes the clip bind.
+    """
+    eps_high = eps_low if eps_high is None else eps_high
+    low = masked_mean(clipped_low(ratio, eps_low).to(ratio.dtype), mask)
+    high = masked_mean(clipped_high(ratio, eps_high).to(ratio.dtype), mask)
+    return {"total": low + high, "low": low, "high": high}
+
+
+def clip_active(ratio: Tensor, advantages: Tensor, eps_low: float, eps_high: float | None = None) -> Tensor:
+    """Where PPO's clip binds and zeroes the gradient: ``(r < 1−ε_low ∧ A < 0) ∨ (r > 1+ε_high ∧ A > 0)``."""
+    eps_high = eps_low if eps_high is None else eps_high
+    return (clipped_low(ratio, eps_low) & (advantages < 0)) | (
+        clipped_high(ratio, eps_high) & (advantages > 0)
+    )
+
+
+def kl_k1(log_ratio: Tensor) -> Tensor:
+    """Schulman's k1 ``−x`` with ``x = log π_θ − log π_old``: unbiased for KL(π_old‖π_θ) on π_old samples."""
+    return -log_ratio
+
+
+def kl_k2(log_ratio: Tensor) -> Tensor:
+    """Schulman's k2 ``x²/2``: low-variance, biased estimate of KL(π_old‖π_θ)."""
+    return 0.5 * log_ratio**2
+
+
+def kl_k3(log_ratio: Tensor) -> Tensor:
+    """Schulman's k3 ``r − 1 − log r = exp(x) − 1 − x`` (≥ 0): unbiased for KL(π_old‖π_θ) on π_old samples.
+
+    Against a reference policy pass ``x = log π_ref − log π_θ``: then it estimates KL(π_θ‖π_ref), as GRPO does.
+    """
+    return log_ratio.exp() - 1.0 - log_ratio
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Per-token entropy ``H_t = −Σ_v p_v log p_v`` of the softmax over the last dimension, shape ``(B, T)``."""
+    log_probs = torch.log_softmax(logits.float(), dim=-1)
+    return -(log_probs.exp() * log_probs).sum(-1)
+
+
+# --------------------------------------------------------------------------- groups, gradients
+def group_reward_stats(rewards: Tensor, group_ids: Tensor) -> dict[str, Tensor]:
+    """GRPO group statistics of per-episode rewards ``(B,)`` with any integer ``group_ids (B,)``.
+
+    ``std_mean``: mean over groups of the population std of the group's rewards; ``zero_std_frac``:
+    share of groups of ≥ 2 episodes whose rewards are all equal (no learning signal: the Echo Trap).
+    Groups are made dense by sorting, so no host sync is needed.
+    """
+    order = torch.argsort(group_ids)
+    sorted_ids = group_ids[order]
+    new_group = torch.ones_like(sorted_ids, dtype=torch.bool)
+    new_group[1:] = sorted_ids[1:] != sorted_ids[:-1]
+    dense = torch.empty_like(sorted_ids)
+    dense[order] = new_group.long().cumsum(0) - 1
+    n = rewards.shape[0]
+    size = torch.zeros(n, dtype=rewards.dtype, device=rewards.device).index_add(
+        0, dense, torch.ones_like(rewards)
+    )
+    total = torch.zeros_like(size).index_add(0, dense, rewards)
+    mean = total / size.clamp_min(1)
+    sq = torch.zeros_like(size).index_add(0, dense, (rewards - mean[dense]) ** 2)
+    std = (sq / size.clamp_min(1)).sqrt()
+    present = size > 0
+    multi = size >= 2
+    return {
+        "std_mean": masked_mean(std, present),
+        "zero_std_frac": masked_mean((std <= 1e-8).to(rewards.dtype), multi),
+    }
+
+
+def module_norms(param_groups: list[list[Tensor]]) -> tuple[Tensor, Tensor]:
+    """Per-group L2 norms ``(grad_norms (M,), param_norms (M,))`` with one batched norm call per kind.
+
+    A group's norm is ``sqrt(Σ_p ||p||²)`` over its parameters; parameters without a gradient add 0.
+    """
+    params = [p for group in param_groups for p in group]
+    owners = [i for i, group in enumerate(param_groups) for _ in group]
+    device = params[0].device
+    n_groups = len(param_groups)
+    with torch.no_grad():
+        param_sq = torch.stack(torch._foreach_norm([p.detach() for p in params])).float() ** 2
+        with_grad = [(i, p.grad) for i, p in zip(owners, params, strict=True) if p.grad is not None]
+        grad_sq = torch.zeros(0, device=device)
+        grad_owner: list[int] = []
+        if with_grad:
+            grad_owner = [i for i, _ in with_grad]
+            grad_sq = torch.stack(torch._foreach_norm([g.detach() for _, g in with_grad])).float() ** 2
+        index = torch.tensor(owners, device=device)
+        param_norm = torch.zeros(n_groups, device=device).index_add(0, index, param_sq).sqrt()
+        grad_index = torch.tensor(grad_owner, device=device, dtype=torch.long)
+        grad_norm = torch.zeros(n_groups, device=device).index_add(0, grad_index, grad_sq).sqrt()
+    return grad_norm, param_norm
+
+
+# --------------------------------------------------------------------------- one update
+@dataclass
+class UpdateMetrics:
+    """What ``update_metrics`` returns, still on device: 0-d ``scalars`` and ``(B, K)`` ``turns`` columns."""
+
+    scalars: dict[str, Tensor]
+    turns: dict[str, Tensor] = field(default_factory=dict)
+    turn_valid: Tensor | None = None
+
+
+def _finite(*tensors: Tensor | None) -> Tensor | None:
+    """True where every given per-token tensor is finite (``None`` entries are skipped)."""
+    result = None
+    for t in tensors:
+        if t is None:
+            continue
+        ok = torch.isfinite(t)
+        result = ok if result is None else result & ok
+    return result
+
+
+def _per_token(x: Tensor | None, shape: torch.Size, dtype: torch.dtype) -> Tensor | None:
+    """A ``(B,)`` per-sequence tensor spread over the ``(B, T)`` tokens; ``(B, T)`` passes through."""
+    if x is None:
+        return None
+    x = x.detach().to(dtype)
+    return x.unsqueeze(1).expand(shape) if x.dim() == 1 else x
+
+
+@torch.no_grad()
+def update_metrics(
+    logp: Tensor,
+    old_logp: Tensor,
+    mask: Tensor,
+    *,
+    turn_ids: Tensor | None = None,
+    ref_logp: Tensor | None = None,
+    logits: Tensor | None = None,
+    entropy: Tensor | None = None,
+    advantages: Tensor | None = None,
+    values: Tensor | None = None,
+    returns: Tensor | None = None,
+    rewards: Tensor | None = None,
+    group_ids: Tensor | None = None,
+    clip_eps: float = 0.2,
+    clip_eps_high: float | None = None,
+    max_turn_rows: int = 64,
+) -> UpdateMetrics:
+    """Every DESIGN §2 metric of one update, as 0-d tensors (``scalars``) and per-turn columns (``turns``).
+
+    ``advantages``, ``values``, ``returns`` may be per token ``(B, T)`` or per sequence ``(B,)``;
+    ``rewards`` is per episode ``(B,)`` or per token ``(B, T)`` (summed per row). ``turns`` holds the
+    first ``max_turn_rows`` turn slots of each row (``turn_valid`` says which exist); every step-level
+    turn statistic uses all turns.
+    """
+    dtype = torch.float32 if logp.device.type == "mps" else torch.float64
+    shape = logp.shape
+    logp, old_logp = logp.detach().to(dtype), old_logp.detach().to(dtype)
+    policy = mask.bool()
+    if turn_ids is None:
+        turn_ids = turn_ids_from_mask(policy)
+    ref_logp = None if ref_logp is None else ref_logp.detach().to(dtype)
+    if entropy is None and logits is not None:
+        entropy = entropy_from_logits(logits.detach())
+    entropy = None if entropy is None else entropy.detach().to(dtype)
+    adv = _per_token(advantages, shape, dtype)
+    val = _per_token(values, shape, dtype)
+    ret = _per_token(returns, shape, dtype)
+
+    token_inputs = (logp, old_logp, ref_logp, entropy, adv, val, ret)
+    finite = _finite(*token_inputs)
+    valid = policy & finite
+    eps_high = clip_eps if clip_eps_high is None else clip_eps_high
+
+    log_ratio = torch.where(
+        valid, token_log_ratio(logp, old_logp), torch.zeros((), dtype=dtype, device=logp.device)
+    )
+    ratio = log_ratio.exp()
+    clip = clip_fraction(ratio, valid, clip_eps, eps_high)
+    tails = masked_quantile(log_ratio, valid, [0.01, 0.99]).exp()
+    s: dict[str, Tensor] = {
+        "ratio_mean": masked_mean(ratio, valid),
+        "ratio_min": masked_min(ratio, valid),
+        "ratio_max": masked_max(ratio, valid),
+        "ratio_p01": tails[0],
+        "ratio_p99": tails[1],
+        "log_ratio_std": masked_std(log_ratio, valid),
+        "clip_frac": clip["total"],
+        "clip_frac_low": clip["low"],
+        "clip_frac_high": clip["high"],
+        "kl_old_k1": masked_mean(kl_k1(log_ratio), valid),
+        "kl_old_k2": masked_mean(kl_k2(log_ratio), valid),
+        "kl_old_k3": masked_mean(kl_k3(log_ratio), valid),
+    }
+    row_valid = valid.any(dim=1)
+    s["seq_ratio_mean"] = masked_mean(masked_mean(log_ratio, valid, dim=1).exp(), row_valid)
+
+    # turn-level IS: w̄_k = mean_{t∈k} r_t
+    in_turn = valid & (turn_ids >= 0)
+    n_tokens = turn_count(turn_ids, in_turn)
+    turn_exists = n_tokens > 0
+    turn_ratio_mean = turn_mean(ratio, turn_ids, in_turn)
+    turn_log_sum = turn_sum(log_ratio, turn_ids, in_turn)
+    turn_ratio_geo = (turn_log_sum / n_tokens.clamp_min(1)).exp()
+    turn_clipped = clipped_low(turn_ratio_mean, clip_eps) | clipped_high(turn_ratio_mean, eps_high)
+    s["turn_ratio_mean"] = masked_mean(turn_ratio_mean, turn_exists)
+    s["turn_ratio_max"] = masked_max(turn_ratio_mean, turn_exists)
+    s["turn_ratio_min"] = masked_min(turn_ratio_mean, turn_exists)
+    s["turn_geo_ratio_mean"] = masked_mean(turn_ratio_geo, turn_exists)
+    s["turn_log_ratio_sum_max"] = masked_max(turn_log_sum.abs(), turn_exists)
+    s["clip_frac_turn"] = masked_mean(turn_clipped.to(dtype), turn_exists)
+
+    if ref_logp is not None:
+        ref_x = torch.where(valid, ref_logp - logp, torch.zeros((), dtype=dtype, device=logp.device))
+        s["kl_ref_k1"] = masked_mean(kl_k1(ref_x), valid)
+        s["kl_ref_k2"] = masked_mean(kl_k2(ref_x), valid)
+        s["kl_ref_k3"] = masked_mean(kl_k3(ref_x), valid)
+    if entropy is not None:
+        s["entropy"] = masked_mean(entropy, valid)
+    if adv is not None:
+        for name, value in value_stats(adv, valid).items():
+            s[f"adv_{name}"] = value
+        s["clip_frac_active"] = masked_mean(clip_active(ratio, adv, clip_eps, eps_high).to(dtype), valid)
+    if val is not None:
+        for name, value in value_stats(val, valid).items():
+            s[f"value_{name}"] = value
+    if ret is not None:
+        for name, value in value_stats(ret, valid).items():
+            s[f"return_{name}"] = value
+
+    episode_reward = None
+    nonfinite = (policy & ~finite).sum().to(dtype)
+    if rewards is not None:
+        rewards = rewards.detach().to(dtype)
+        episode_reward = masked_sum(rewards, policy, dim=1) if rewards.dim() == 2 else rewards
+        reward_ok = torch.isfinite(episode_reward)
+        nonfinite = nonfinite + (~reward_ok).sum().to(dtype)
+        for name, value in value_stats(episode_reward, reward_ok).items():
+            s[f"reward_{name}"] = value
+        if group_ids is not None:
+            group = group_reward_stats(torch.where(reward_ok, episode_reward, 0.0), group_ids.to(logp.device))
+            s["group_reward_std"] = group["std_mean"]
+            s["zero_std_group_frac"] = group["zero_std_frac"]
+    s["nonfinite_count"] = nonfinite
+    s["response_len_mean"] = policy.sum(dim=1).to(dtype).mean()
+    s["response_len_max"] = policy.sum(dim=1).to(dtype).max()
+    s["turns_mean"] = turn_exists.sum(dim=1).to(dtype).mean()
+    s["n_tokens"] = valid.sum().to(dtype)
+
+    # per-turn rows for the ``turns`` table (first max_turn_rows slots of each row)
+    k = min(max_turn_rows, shape[1])
+    positions = torch.arange(shape[1], device=logp.device).expand(shape)
+    first = turn_reduce(positions.to(dtype), turn_ids, in_turn, "amin")[:, :k]
+    first_index = first.clamp(0, shape[1] - 1).long()
+
+    def at_turn_start(x: Tensor | None) -> Tensor:
+        if x is None:
+            return torch.full_like(first, float("nan"))
+        return torch.where(first.isfinite(), x.gather(1, first_index), torch.full_like(first, float("nan")))
+
+    def per_turn_mean(x: Tensor | None) -> Tensor:
+        if x is None:
+            return torch.full_like(first, float("nan"))
+        return turn_mean(x, turn_ids, in_turn)[:, :k]
+
+    token_clipped = (clipped_low(ratio, clip_eps) | clipped_high(ratio, eps_high)).to(dtype)
+    turns = {
+        "n_tokens": n_tokens[:, :k],
+        "ratio_mean": turn_ratio_mean[:, :k],
+        "ratio_geomean": turn_ratio_geo[:, :k],
+        "log_ratio_sum": turn_log_sum[:, :k],
+        "ratio_max": turn_reduce(ratio, turn_ids, in_turn, "amax")[:, :k],
+        "ratio_min": turn_reduce(ratio, turn_ids, in_turn, "amin")[:, :k],
+        "clip_frac": turn_mean(token_clipped, turn_ids, in_turn)[:, :k],
+        "turn_clipped": turn_clipped[:, :k].to(dtype),
+        "advantage": per_turn_mean(adv),
+        "value": at_turn_start(val),
+        "return": at_turn_start(ret),
+        "reward": (
+            torch.full_like(first, float("nan"))
+            if episode_reward is None
+            else episode_reward.unsqueeze(1).expand_as(first)
+        ),
+        "kl_k3": per_turn_mean(kl_k3(log_ratio)),
+        "entropy": per_turn_mean(entropy),
+    }
+    s["turn_rows_truncated"] = turn_exists[:, k:].sum().to(dtype)
+    return UpdateMetrics(scalars=s, turns=turns, turn_valid=turn_exists[:, :k])
