@@ -1,0 +1,535 @@
+"""The public API: attach a ``Monitor`` to any PyTorch RL loop and stream its stability metrics.
+
+    mon = Monitor("runs", config=vars(args))       # 1
+    mon.watch(model)                                # 2  per-module grad norms
+    ...loss.backward()
+    mon.log_update(logp=logp, old_logp=old_logp, mask=mask, advantages=adv)   # 3
+    optimizer.step(); optimizer.zero_grad()
+    mon.close()                                     # 4  (or use ``with Monitor(...) as mon:``)
+
+Metrics are computed on the tensors' device (``sorl_monitor.metrics``), packed into one tensor and
+moved to the host once per update; rows go to a background Parquet writer. Nothing here raises
+into the training loop once the monitor is built: a failure is counted (``monitor_errors``) and
+warned about once.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import datetime as dt
+import os
+import platform
+import re
+import secrets
+import socket
+import sys
+import time
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+from torch import Tensor, nn
+
+from sorl_monitor import __version__
+from sorl_monitor.metrics import TURN_COLUMNS, module_norms, update_metrics
+from sorl_monitor.schema import KEYS, RUN_FILE, SCHEMA_VERSION, SEVERITIES, check_run_id, column_name
+from sorl_monitor.writer import ParquetStreamWriter, WriterStats, write_json_atomic
+
+_NUMERIC = re.compile(r"^\d+$")
+_PLAIN = frozenset({float, int, bool, str, type(None)})
+
+
+class MonitorWarning(RuntimeWarning):
+    """Monitoring lost data or failed; training goes on."""
+
+
+def module_group(parameter_name: str) -> str:
+    """Top-level module a parameter belongs to: up to the first numeric part, else its first two parts.
+
+    ``model.layers.3.mlp.up_proj.weight`` → ``model.layers.3``; ``model.embed_tokens.weight`` →
+    ``model.embed_tokens``; ``lm_head.weight`` → ``lm_head``.
+    """
+    parts = parameter_name.split(".")[:-1] or parameter_name.split(".")
+    for i, part in enumerate(parts):
+        if _NUMERIC.match(part):
+            return ".".join(parts[: i + 1])
+    return ".".join(parts[:2])
+
+
+def _key(name: str, value: Any, bits: int) -> int:
+    """``value`` as an int that fits the key column's ``bits``-bit type (``ValueError`` otherwise)."""
+    number = int(value)
+    if not -(2 ** (bits - 1)) <= number < 2 ** (bits - 1):
+        raise ValueError(f"{name} {number} does not fit the schema's {bits}-bit integer column")
+    return number
+
+
+def _distributed_rank() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def _new_run_id(algorithm: str | None) -> str:
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    middle = f"-{column_name(algorithm)}" if algorithm else ""
+    return f"{stamp}{middle}-{secrets.token_hex(2)}"
+
+
+def _shared_run_id(run_id: str, world_size: int) -> str:
+    """Rank 0's run id on every rank (a broadcast when torch.distributed is initialised)."""
+    if world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+        box = [run_id]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return box[0]
+    return run_id
+
+
+class Monitor:
+    """Streams per-update and per-turn stability metrics of an RL trainer to Parquet.
+
+    Args:
+        log_dir: folder that holds runs; this run goes to ``<log_dir>/<run_id>/``.
+        run_name: the run id (a safe folder name); default ``<date>-<time>[-<algorithm>]-<hex>``.
+        config: the trainer's hyper-parameters, stored in ``run.json``.
+        algorithm, seed: stored in ``run.json`` (and used in the default run id).
+        clip_eps, clip_eps_high: PPO's trust region ``[1 − ε_low, 1 + ε_high]`` for clip fractions.
+        flush_interval_s, flush_rows, max_pending_rows: the writer's flush cadence and queue bound (rows).
+        max_turn_rows: turn slots per episode written to the ``turns`` table.
+        window: how many recent ``steps`` rows stay in memory for live detectors.
+        compact: merge small part files into ``part-A-B.parquet`` as they pile up and at close.
+        rank, world_size: default from ``torch.distributed`` (or ``RANK``/``WORLD_SIZE``).
+        enabled: ``False`` turns every call into a no-op (e.g. to measure overhead).
+    """
+
+    def __init__(
+        self,
+        log_dir: str | os.PathLike[str] = "runs",
+        run_name: str | None = None,
+        config: Mapping[str, Any] | None = None,
+        *,
+        algorithm: str | None = None,
+        seed: int | None = None,
+        clip_eps: float = 0.2,
+        clip_eps_high: float | None = None,
+        flush_interval_s: float = 2.0,
+        flush_rows: int = 200_000,
+        max_pending_rows: int = 4_000_000,
+        max_turn_rows: int = 64,
+        window: int = 512,
+        compact: bool = True,
+        rank: int | None = None,
+        world_size: int | None = None,
+        enabled: bool = True,
+    ) -> None:
+        self.enabled = enabled
+        dist_rank, dist_world = _distributed_rank()
+        self.rank = dist_rank if rank is None else rank
+        self.world_size = dist_world if world_size is None else world_size
+        run_id = check_run_id(run_name) if run_name is not None else _new_run_id(algorithm)
+        self.run_id = _shared_run_id(run_id, self.world_size)
+        self.log_dir = Path(log_dir)
+        self.run_dir = self.log_dir / self.run_id
+        self.clip_eps = clip_eps
+        self.clip_eps_high = clip_eps_high
+        self.max_turn_rows = max_turn_rows
+        self._recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=window)
+        self._module_names: list[str] = []
+        self._module_params: list[list[nn.Parameter]] = []
+        self._step = -1
+        self._errors = 0
+        self._warned: set[str] = set()
+        self._dropped_reported = 0
+        self._closed = False
+        self._meta: dict[str, Any] = {
+            "run_id": self.run_id,
+            "algorithm": algorithm,
+            "seed": seed,
+            "config": dict(config or {}),
+            "schema_version": SCHEMA_VERSION,
+            "status": "running",
+            "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "world_size": self.world_size,
+            "host": socket.gethostname(),
+            "versions": {
+                "sorl_monitor": __version__,
+                "python": platform.python_version(),
+                "torch": torch.__version__,
+                "pyarrow": pa.__version__,
+            },
+        }
+        self._writer: ParquetStreamWriter | None = None
+        if not enabled:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.rank == 0:
+            write_json_atomic(self.run_dir / RUN_FILE, self._meta)
+        self._writer = ParquetStreamWriter(
+            self.run_dir,
+            self.rank,
+            flush_interval_s=flush_interval_s,
+            flush_rows=flush_rows,
+            max_pending_rows=max_pending_rows,
+            compact_parts=32 if compact else 0,
+        )
+        atexit.register(self._close_at_exit)
+
+    # ------------------------------------------------------------------ attach
+    def watch(self, model: nn.Module, modules: Mapping[str, nn.Module] | None = None) -> Monitor:
+        """Track grad and parameter norms of ``model``, per top-level module (``module_group``) or per ``modules``."""
+        groups: dict[str, list[nn.Parameter]] = {}
+        if modules is None:
+            for name, param in model.named_parameters():
+                if param.requires_grad:
+                    groups.setdefault(module_group(name), []).append(param)
+        else:
+            for name, module in modules.items():
+                groups[name] = [p for p in module.parameters() if p.requires_grad]
+        self._module_names = [name for name, params in groups.items() if params]
+        self._module_params = [groups[name] for name in self._module_names]
+        return self
+
+    # ------------------------------------------------------------------ log
+    def log_update(
+        self,
+        *,
+        logp: Tensor,
+        old_logp: Tensor,
+        mask: Tensor,
+        turn_ids: Tensor | None = None,
+        ref_logp: Tensor | None = None,
+        logits: Tensor | None = None,
+        entropy: Tensor | None = None,
+        advantages: Tensor | None = None,
+        values: Tensor | None = None,
+        returns: Tensor | None = None,
+        rewards: Tensor | None = None,
+        group_ids: Tensor | None = None,
+        sample_ids: Tensor | None = None,
+        grad_norm: float | Tensor | None = None,
+        step: int | None = None,
+        iteration: int | None = None,
+        ppo_epoch: int = 0,
+        minibatch: int = 0,
+        policy_lag: int = 0,
+        extra: Mapping[str, Any] | None = None,
+        log_turns: bool = True,
+    ) -> dict[str, float]:
+        """Log one optimiser update: token- and turn-level metrics, grad norms, and ``extra`` scalars.
+
+        Call it after ``backward()`` and before clipping, or pass ``grad_norm`` = the pre-clip norm that
+        ``clip_grad_norm_`` returned (module norms are then rescaled to pre-clip). Returns the step's
+        scalars as floats (for progress bars). ``log_turns=False`` keeps the turn-level scalars but
+        writes no ``turns`` rows for this update (e.g. to log turns of one update per rollout). Never raises.
+        """
+        if not self.enabled or self._closed:
+            return {}
+        started = time.perf_counter()
+        try:
+            return self._log_update(
+                logp=logp, old_logp=old_logp, mask=mask, turn_ids=turn_ids, ref_logp=ref_logp, logits=logits,
+                entropy=entropy, advantages=advantages, values=values, returns=returns, rewards=rewards,
+                group_ids=group_ids, sample_ids=sample_ids, grad_norm=grad_norm, step=step,
+                iteration=iteration, ppo_epoch=ppo_epoch, minibatch=minibatch, policy_lag=policy_lag,
+                extra=extra or {}, started=started, log_turns=log_turns,
+            )  # fmt: skip
+        except Exception as error:  # noqa: BLE001 - monitoring must never crash training
+            self._fail("log_update", error)
+            return {}
+
+    def _log_update(
+        self,
+        *,
+        extra: Mapping[str, Any],
+        started: float,
+        sample_ids: Tensor | None,
+        log_turns: bool,
+        **kw: Any,
+    ) -> dict[str, float]:
+        keys = self._keys(
+            kw.pop("step"),
+            kw.pop("iteration"),
+            kw.pop("ppo_epoch"),
+            kw.pop("minibatch"),
+            kw.pop("policy_lag"),
+        )
+        user_grad_norm = kw.pop("grad_norm")
+        metrics = update_metrics(
+            kw["logp"], kw["old_logp"], kw["mask"], turn_ids=kw["turn_ids"], ref_logp=kw["ref_logp"],
+            logits=kw["logits"], entropy=kw["entropy"], advantages=kw["advantages"], values=kw["values"],
+            returns=kw["returns"], rewards=kw["rewards"], group_ids=kw["group_ids"], clip_eps=self.clip_eps,
+            clip_eps_high=self.clip_eps_high, max_turn_rows=self.max_turn_rows,
+        )  # fmt: skip
+        device = kw["logp"].device
+        dtype = next(iter(metrics.scalars.values())).dtype
+
+        # one flat tensor: scalars | tensor extras | module grad/param norms | turn block | sample ids
+        scalar_names = list(metrics.scalars)
+        pieces = [torch.stack(list(metrics.scalars.values())).to(dtype)]
+        tensor_extras = {column_name(k): v for k, v in extra.items() if isinstance(v, Tensor)}
+        if tensor_extras:
+            pieces.append(
+                torch.stack([v.detach().reshape(()).to(device, dtype) for v in tensor_extras.values()])
+            )
+        n_modules = len(self._module_params)
+        if n_modules:
+            grad_norms, param_norms = module_norms(self._module_params)
+            pieces += [grad_norms.to(device, dtype), param_norms.to(device, dtype)]
+        turn_block = torch.stack([metrics.turns[c] for c in TURN_COLUMNS] + [metrics.turn_valid.to(dtype)])
+        pieces.append(turn_block.flatten())
+        if sample_ids is not None:
+            pieces.append(sample_ids.detach().to(device, dtype).flatten())
+        host = torch.cat([p.flatten() for p in pieces]).cpu().numpy()  # the one device→host transfer
+
+        offset = 0
+        row: dict[str, Any] = dict(keys)
+        row.update(zip(scalar_names, host[: len(scalar_names)].tolist(), strict=True))
+        offset += len(scalar_names)
+        row.update(zip(tensor_extras, host[offset : offset + len(tensor_extras)].tolist(), strict=True))
+        offset += len(tensor_extras)
+        module_grads = module_params = None
+        if n_modules:
+            module_grads = host[offset : offset + n_modules]
+            module_params = host[offset + n_modules : offset + 2 * n_modules]
+            offset += 2 * n_modules
+            current = float(np.sqrt(np.square(module_grads).sum()))
+            if user_grad_norm is not None:
+                pre_clip = float(user_grad_norm)
+                row["grad_norm"] = pre_clip
+                row["grad_norm_clipped"] = current
+                if current > 0:
+                    module_grads = module_grads * (pre_clip / current)
+            else:
+                row["grad_norm"] = current
+            row["param_norm"] = float(np.sqrt(np.square(module_params).sum()))
+        elif user_grad_norm is not None:
+            row["grad_norm"] = float(user_grad_norm)
+        block = host[offset : offset + turn_block.numel()].reshape(turn_block.shape)
+        offset += turn_block.numel()
+        ids = host[offset:] if sample_ids is not None else None
+        for name, value in extra.items():
+            if not isinstance(value, Tensor):
+                row[column_name(name)] = value
+
+        if log_turns:
+            self._submit_turns(keys, block, ids)
+        if module_grads is not None and module_params is not None:
+            self._submit_modules(keys, module_grads, module_params)
+        row["monitor_ms"] = (time.perf_counter() - started) * 1e3
+        self._finish_step(row)
+        return {k: v for k, v in row.items() if isinstance(v, float | int) and k not in KEYS}
+
+    def log_scalars(
+        self,
+        step: int | None,
+        scalars: Mapping[str, Any],
+        *,
+        iteration: int | None = None,
+        ppo_epoch: int = 0,
+        minibatch: int = 0,
+        policy_lag: int = 0,
+    ) -> None:
+        """Log a metrics dict as one ``steps`` row (names become snake_case columns). Never raises."""
+        if not self.enabled or self._closed:
+            return
+        try:
+            row: dict[str, Any] = self._keys(step, iteration, ppo_epoch, minibatch, policy_lag)
+            for name, value in scalars.items():
+                if type(value) not in _PLAIN:
+                    if isinstance(value, Tensor):
+                        value = value.detach().reshape(()).item()
+                    elif isinstance(value, np.generic):
+                        value = value.item()
+                    elif not isinstance(value, bool | int | float | str):
+                        continue
+                row[column_name(name)] = value
+            self._finish_step(row)
+        except Exception as error:  # noqa: BLE001
+            self._fail("log_scalars", error)
+
+    def log_modules(
+        self,
+        step: int | None,
+        grad_norms: Mapping[str, float],
+        param_norms: Mapping[str, float] | None = None,
+    ) -> None:
+        """Write per-module L2 norms measured by the caller (e.g. a trainer callback) as ``modules`` rows.
+
+        One row per name in ``grad_norms``, at ``step`` (default: the last step logged). Never raises.
+        """
+        if not self.enabled or self._closed or not grad_norms:
+            return
+        try:
+            keys = self._keys(self._step if step is None else step, None, 0, 0, 0, advance=False)
+            params = param_norms or {}
+            rows = [
+                {**keys, "module": str(name), "grad_norm": float(grad),
+                 "param_norm": float(params.get(name, float("nan")))}
+                for name, grad in grad_norms.items()
+            ]  # fmt: skip
+            self._writer_submit("modules", rows, len(rows))
+        except Exception as error:  # noqa: BLE001
+            self._fail("log_modules", error)
+
+    def log_alert(
+        self,
+        detector: str,
+        severity: str,
+        message: str,
+        *,
+        value: float = float("nan"),
+        threshold: float = float("nan"),
+        step: int | None = None,
+        kind: str = "alert",
+    ) -> None:
+        """Record a detector firing (``kind="alert"``) or a guard action (``kind="action"``) in ``alerts``."""
+        if not self.enabled or self._closed:
+            return
+        try:
+            if severity not in SEVERITIES:
+                raise ValueError(f"severity must be one of {SEVERITIES}, not {severity!r}")
+            row = self._keys(self._step if step is None else step, None, 0, 0, 0, advance=False)
+            row.update(kind=kind, detector=detector, severity=severity, value=float(value),
+                       threshold=float(threshold), message=message)  # fmt: skip
+            self._writer_submit("alerts", [row], 1)
+        except Exception as error:  # noqa: BLE001
+            self._fail("log_alert", error)
+
+    # ------------------------------------------------------------------ read back / lifecycle
+    def recent_steps(self) -> pa.Table:
+        """The last ``window`` steps rows as an Arrow table (for detectors running live over DuckDB)."""
+        return pa.Table.from_pylist(list(self._recent))
+
+    @property
+    def last_step(self) -> int:
+        """The most recent step logged (−1 before the first)."""
+        return self._step
+
+    def writer_stats(self) -> WriterStats:
+        """Rows written and dropped so far."""
+        return self._writer.stats() if self._writer else WriterStats()
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Block until everything logged so far is on disk (True on success)."""
+        return self._writer.flush(timeout) if self._writer else True
+
+    def update_run_info(self, **fields: Any) -> None:
+        """Merge ``fields`` into ``run.json`` (rank 0; atomic rewrite)."""
+        self._meta.update(fields)
+        if self.enabled and self.rank == 0:
+            try:
+                write_json_atomic(self.run_dir / RUN_FILE, self._meta)
+            except Exception as error:  # noqa: BLE001
+                self._fail("run.json", error)
+
+    def close(self, status: str = "finished") -> None:
+        """Flush and stop the writer, and mark the run ``status`` in ``run.json`` (idempotent)."""
+        if self._closed or not self.enabled:
+            self._closed = True
+            return
+        self._closed = True
+        if self._writer is not None:
+            self._writer.close()
+            stats = self._writer.stats()
+            if stats.rows_dropped:
+                self._warn_once(
+                    "dropped", f"sorl-monitor dropped {stats.rows_dropped} rows ({stats.last_error})"
+                )
+        self.update_run_info(
+            status=status,
+            finished_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            last_step=self._step,
+        )
+        atexit.unregister(self._close_at_exit)
+
+    def __enter__(self) -> Monitor:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *_: Any) -> None:
+        self.close("finished" if exc_type is None else "failed")
+
+    # ------------------------------------------------------------------ internals
+    def _close_at_exit(self) -> None:
+        self.close("finished" if sys.exc_info()[0] is None else "failed")
+
+    def _keys(
+        self,
+        step: int | None,
+        iteration: int | None,
+        ppo_epoch: int,
+        minibatch: int,
+        policy_lag: int,
+        *,
+        advance: bool = True,
+    ) -> dict[str, Any]:
+        current = self._step + (1 if advance else 0) if step is None else _key("step", step, 64)
+        if advance:
+            self._step = current
+        return {
+            "run_id": self.run_id,
+            "rank": self.rank,
+            "step": current,
+            "iteration": current if iteration is None else _key("iteration", iteration, 64),
+            "ppo_epoch": _key("ppo_epoch", ppo_epoch, 32),
+            "minibatch": _key("minibatch", minibatch, 32),
+            "policy_lag": _key("policy_lag", policy_lag, 32),
+            "wall_time": time.time(),
+        }
+
+    def _submit_turns(self, keys: Mapping[str, Any], block: np.ndarray, ids: np.ndarray | None) -> None:
+        valid = block[-1] > 0
+        rows, turn = np.nonzero(valid)
+        n = len(rows)
+        if n == 0:
+            return
+        columns: dict[str, Any] = {
+            k: pa.repeat(v, n) if isinstance(v, str) else np.full(n, v) for k, v in keys.items()
+        }
+        columns["sample_id"] = (ids[rows] if ids is not None else rows).astype(np.int64)
+        columns["turn_idx"] = turn.astype(np.int32)
+        for index, name in enumerate(TURN_COLUMNS):
+            values = block[index][valid]
+            if name == "n_tokens":
+                values = values.astype(np.int32)
+            elif name == "turn_clipped":
+                values = values > 0
+            columns[name] = values
+        self._writer_submit("turns", columns, n)
+
+    def _submit_modules(self, keys: Mapping[str, Any], grads: np.ndarray, params: np.ndarray) -> None:
+        rows = [
+            {**keys, "module": name, "grad_norm": float(g), "param_norm": float(p)}
+            for name, g, p in zip(self._module_names, grads, params, strict=True)
+        ]
+        self._writer_submit("modules", rows, len(rows))
+
+    def _finish_step(self, row: dict[str, Any]) -> None:
+        dropped = self._writer.rows_dropped if self._writer is not None else 0
+        row["monitor_dropped_rows"] = float(dropped)
+        row["monitor_errors"] = float(self._errors)
+        if dropped > self._dropped_reported:
+            self._dropped_reported = dropped
+            reason = self.writer_stats().last_error
+            self._warn_once("dropped", f"sorl-monitor is dropping rows ({reason}); training goes on")
+        self._recent.append(row)
+        self._writer_submit("steps", [row], 1)
+
+    def _writer_submit(self, table: str, payload: Any, n_rows: int) -> None:
+        if self._writer is not None:
+            self._writer.submit(table, payload, n_rows)
+
+    def _fail(self, where: str, error: Exception) -> None:
+        self._errors += 1
+        self._warn_once(
+            where, f"sorl-monitor {where} failed ({type(error).__name__}: {error}); training goes on"
+        )
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(message, MonitorWarning, stacklevel=3)

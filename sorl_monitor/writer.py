@@ -1,0 +1,359 @@
+"""Crash-safe, non-blocking Parquet streaming: a background thread behind a bounded queue.
+
+The training thread only calls ``submit`` (a lock-free ``deque.append``). The writer thread turns what is queued
+into Arrow tables and writes ``<run_dir>/<table>/rank=R/part-NNNNNN.parquet`` every
+``flush_interval_s`` seconds or ``flush_rows`` rows per table: to ``part-N.parquet.tmp`` first, then
+``os.replace``, so a reader never sees a half-written file and a crash (even SIGKILL) loses at most
+what was queued since the last flush. A full queue or a failing disk never raises into the caller:
+the rows are dropped and counted (``stats()``).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from sorl_monitor.schema import conform, part_range
+
+_STOP = object()
+
+
+def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
+    """Write ``payload`` as JSON to ``path`` via a temporary file and ``os.replace`` (all or nothing)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str))
+    os.replace(tmp, path)
+
+
+_ARROW_TYPES = {
+    frozenset({float}): pa.float64(),
+    frozenset({int}): pa.int64(),
+    frozenset({int, float}): pa.float64(),
+    frozenset({bool}): pa.bool_(),
+    frozenset({str}): pa.string(),
+}
+
+
+def _column(values: list[Any]) -> pa.Array:
+    """An Arrow column from Python values (typed up front: Arrow's inference is ~100× slower).
+
+    Mixed numbers become double; anything that is not a number, bool or string becomes a string.
+    """
+    kinds = frozenset(type(v) for v in values if v is not None)
+    try:
+        return pa.array(values, _ARROW_TYPES.get(kinds))
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):  # e.g. an int beyond int64
+        try:
+            return pa.array([None if v is None else float(v) for v in values], pa.float64())
+        except (TypeError, ValueError):
+            return pa.array([None if v is None else str(v) for v in values], pa.string())
+
+
+def rows_to_table(rows: list[dict[str, Any]]) -> pa.Table:
+    """Row dicts as one Arrow table over the union of their keys (missing values are null)."""
+    names = list(dict.fromkeys(name for row in rows for name in row))
+    return pa.table({name: _column([row.get(name) for row in rows]) for name in names})
+
+
+def to_arrow(payloads: list[Any]) -> pa.Table:
+    """Queued payloads (lists of row dicts, dicts of columns, Arrow data) as one Arrow table.
+
+    All row dicts are converted together, column by column: one conversion per flush, not per row.
+    """
+    rows = [row for p in payloads if isinstance(p, list) for row in p]
+    tables = [rows_to_table(rows)] if rows else []
+    for p in payloads:
+        if isinstance(p, pa.Table):
+            tables.append(p)
+        elif isinstance(p, pa.RecordBatch):
+            tables.append(pa.Table.from_batches([p]))
+        elif not isinstance(p, list):
+            tables.append(pa.table(p))
+    return pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
+
+
+@dataclass
+class WriterStats:
+    """Counters of one writer: rows queued, written and dropped (queue full or failed write), parts, errors."""
+
+    rows_submitted: int = 0
+    rows_written: int = 0
+    rows_dropped: int = 0
+    parts_written: int = 0
+    write_errors: int = 0
+    last_error: str = ""
+
+
+class ParquetStreamWriter:
+    """Background writer of one rank's tables under ``run_dir``.
+
+    ``submit(table, payload, n_rows)`` never blocks and never raises: it appends to a ``deque`` (atomic
+    in CPython, no lock) that the writer thread drains, and drops (and counts) rows once more than
+    ``max_pending_rows`` wait. ``flush()`` waits until what was submitted before it is on disk;
+    ``close()`` flushes, compacts and stops the thread. Each counter is written by one thread only.
+
+    Compaction keeps a long run's file count small: once ``compact_parts`` parts of fewer than
+    ``compact_rows`` rows have piled up, they are rewritten as one ``part-A-B.parquet`` (then the
+    originals are deleted; readers skip parts inside a compacted range, so nothing is read twice);
+    ``close()`` compacts whatever small parts are left. ``compact_parts=0`` turns compaction off.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        rank: int = 0,
+        *,
+        flush_interval_s: float = 2.0,
+        flush_rows: int = 200_000,
+        max_pending_rows: int = 4_000_000,
+        compression: str = "snappy",
+        compact_parts: int = 32,
+        compact_rows: int = 1_000_000,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.rank = rank
+        self.flush_interval_s = flush_interval_s
+        self.flush_rows = flush_rows
+        self.max_pending_rows = max_pending_rows
+        self.compression = compression
+        self.compact_parts = compact_parts
+        self.compact_rows = compact_rows
+        self._written_parts: dict[str, list[_Part]] = {}
+        self._pending: collections.deque[Any] = collections.deque()
+        self._wake = threading.Event()
+        self._buffers: dict[str, list[Any]] = {}
+        self._buffered_rows: dict[str, int] = {}
+        self._next_part: dict[str, int] = {}
+        # training-thread counters
+        self._submitted = 0
+        self._refused = 0
+        self._refused_reason = ""
+        # writer-thread counters
+        self._taken = 0
+        self._written = 0
+        self._failed = 0
+        self._parts = 0
+        self._errors = 0
+        self._error = ""
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=f"sorl-writer-rank{rank}", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ training-thread side
+    def submit(self, table: str, payload: Any, n_rows: int) -> bool:
+        """Queue ``n_rows`` rows for ``table``; returns False (and counts them dropped) if they cannot be."""
+        self._submitted += n_rows
+        waiting = self._submitted - self._refused - self._taken
+        if self._closed or waiting > self.max_pending_rows or not self._thread.is_alive():
+            self._refused += n_rows
+            self._refused_reason = "writer is closed" if self._closed else "queue full (writer behind)"
+            return False
+        self._pending.append((table, payload, n_rows))
+        if waiting >= self.flush_rows:
+            self._wake.set()
+        return True
+
+    def flush(self, timeout: float | None = 30.0) -> bool:
+        """Write everything submitted so far; True if the writer caught up within ``timeout`` seconds."""
+        if self._closed or not self._thread.is_alive():
+            return False
+        done = threading.Event()
+        self._pending.append(done)
+        self._wake.set()
+        return done.wait(timeout)
+
+    def close(self, timeout: float | None = 60.0) -> None:
+        """Flush what is queued and stop the thread (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._pending.append(_STOP)
+        self._wake.set()
+        self._thread.join(timeout)
+
+    @property
+    def rows_dropped(self) -> int:
+        """Rows dropped so far (a cheap read for every step)."""
+        return self._refused + self._failed
+
+    def stats(self) -> WriterStats:
+        """A snapshot of the counters."""
+        return WriterStats(
+            rows_submitted=self._submitted,
+            rows_written=self._written,
+            rows_dropped=self.rows_dropped,
+            parts_written=self._parts,
+            write_errors=self._errors,
+            last_error=self._error or self._refused_reason,
+        )
+
+    # ------------------------------------------------------------------ writer-thread side
+    def _run(self) -> None:
+        deadline = time.monotonic() + self.flush_interval_s
+        while True:
+            self._wake.wait(max(0.0, deadline - time.monotonic()))
+            self._wake.clear()
+            while True:
+                try:
+                    item = self._pending.popleft()
+                except IndexError:
+                    break
+                if item is _STOP:
+                    self._flush_all()
+                    for table in list(self._written_parts):
+                        self._compact(table, force=True)
+                    return
+                if isinstance(item, threading.Event):
+                    self._flush_all()
+                    item.set()
+                    continue
+                table, payload, n_rows = item
+                self._taken += n_rows
+                self._buffers.setdefault(table, []).append(payload)
+                self._buffered_rows[table] = self._buffered_rows.get(table, 0) + n_rows
+                if self._buffered_rows[table] >= self.flush_rows:
+                    self._flush(table)
+            if time.monotonic() >= deadline:
+                self._flush_all()
+                deadline = time.monotonic() + self.flush_interval_s
+
+    def _flush_all(self) -> None:
+        for table in list(self._buffers):
+            self._flush(table)
+
+    def _part_number(self, folder: Path, table: str) -> int:
+        """Next free part number in ``folder`` (continues a resumed run's numbering)."""
+        if table not in self._next_part:
+            existing = [r[1] for p in folder.iterdir() if (r := part_range(p.name))]
+            self._next_part[table] = max(existing, default=-1) + 1
+        number = self._next_part[table]
+        self._next_part[table] += 1
+        return number
+
+    def _flush(self, table: str) -> None:
+        payloads = self._buffers.pop(table, [])
+        n_rows = self._buffered_rows.pop(table, 0)
+        for data, rows in self._conformed(table, payloads, n_rows):
+            self._write_part(table, data, rows)
+
+    def _conformed(self, table: str, payloads: list[Any], n_rows: int) -> list[tuple[pa.Table, int]]:
+        """The buffered payloads as conformed tables with their row counts: one table normally.
+
+        If they cannot be conformed together (a value a known column's type cannot hold, such as text
+        in ``loss``), each payload is conformed on its own, those with one schema share a part, and only
+        a payload that cannot be conformed is dropped and counted: one bad value never costs the flush.
+        """
+        if not payloads:
+            return []
+        try:
+            return [(conform(table, to_arrow(payloads)), n_rows)]
+        except Exception:  # noqa: BLE001 - fall back to conforming each payload on its own
+            pass
+        groups: dict[pa.Schema, list[pa.Table]] = {}
+        for payload in payloads:
+            try:
+                data = conform(table, to_arrow([payload]))
+            except Exception as error:  # noqa: BLE001
+                self._errors += 1
+                self._failed += _payload_rows(payload)
+                self._error = f"{table}: {type(error).__name__}: {error}"
+                continue
+            groups.setdefault(data.schema, []).append(data)
+        return [(pa.concat_tables(group), sum(t.num_rows for t in group)) for group in groups.values()]
+
+    def _write_part(self, table: str, data: pa.Table, n_rows: int) -> None:
+        try:
+            folder = self.run_dir / table / f"rank={self.rank}"
+            folder.mkdir(parents=True, exist_ok=True)
+            number = self._part_number(folder, table)
+            path = self._write_file(data, folder / f"part-{number:06d}.parquet")
+        except Exception as error:  # noqa: BLE001 - a failed write must never reach the training loop
+            self._errors += 1
+            self._failed += n_rows
+            self._error = f"{table}: {type(error).__name__}: {error}"
+            return
+        self._written += n_rows
+        self._parts += 1
+        self._written_parts.setdefault(table, []).append(_Part(number, number, n_rows, path))
+        self._compact(table)
+
+    def _write_file(self, data: pa.Table, path: Path) -> Path:
+        """Write ``data`` to ``path`` all or nothing: to ``path.tmp``, then ``os.replace``."""
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            pq.write_table(
+                data, tmp, compression=self.compression, write_statistics=_statistics_columns(data)
+            )
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return path
+
+    def _compact(self, table: str, force: bool = False) -> None:
+        """Rewrite the trailing small parts this writer wrote as one ``part-A-B.parquet``, then delete them.
+
+        Small parts (< ``compact_rows`` rows) are always the newest ones, so their flush numbers are
+        contiguous. Runs once ``compact_parts`` of them exist, or with ``force`` once there are two.
+        A failure leaves the parts as they were (nothing is lost) and is recorded in ``last_error``.
+        """
+        parts = self._written_parts.get(table, [])
+        if not self.compact_parts:
+            return
+        small = 0
+        while small < len(parts) and parts[-1 - small].rows < self.compact_rows:
+            small += 1
+        if small < (2 if force else self.compact_parts):
+            return
+        merged_parts = parts[-small:]
+        first, last = merged_parts[0].first, merged_parts[-1].last
+        try:
+            data = pa.concat_tables(
+                [pq.ParquetFile(p.path).read() for p in merged_parts], promote_options="permissive"
+            )
+            path = self._write_file(
+                data, merged_parts[0].path.with_name(f"part-{first:06d}-{last:06d}.parquet")
+            )
+        except Exception as error:  # noqa: BLE001 - compaction is an optimisation; the parts stay readable
+            self._error = f"{table}: compaction failed: {type(error).__name__}: {error}"
+            return
+        for part in merged_parts:
+            part.path.unlink(missing_ok=True)
+        parts[-small:] = [_Part(first, last, data.num_rows, path)]
+
+
+@dataclass
+class _Part:
+    """A part file this writer wrote: the flush numbers it holds, its rows and its path."""
+
+    first: int
+    last: int
+    rows: int
+    path: Path
+
+
+def _statistics_columns(data: pa.Table) -> list[str]:
+    """Columns written with min/max statistics: all but floating-point ones.
+
+    Parquet's float statistics leave NaN out, and DuckDB (2.0, duckdb/duckdb#25521) trusts them: with
+    ``max`` finite it folds ``isnan(x)`` to false and drops NaN rows from ``x > c``, so a run's NaN loss
+    would be invisible to a query. Without float statistics DuckDB reads the values as they are.
+    """
+    return [field.name for field in data.schema if not pa.types.is_floating(field.type)]
+
+
+def _payload_rows(payload: Any) -> int:
+    """Rows in one queued payload (a list of row dicts, a dict of columns, or Arrow data)."""
+    if isinstance(payload, list):
+        return len(payload)
+    if isinstance(payload, pa.Table | pa.RecordBatch):
+        return payload.num_rows
+    return len(next(iter(payload.values()), []))

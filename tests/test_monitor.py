@@ -1,0 +1,113 @@
+"""``Monitor``: what one ``log_update`` writes, and that monitoring never breaks the training loop."""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+
+import pytest
+import torch
+
+from sorl_monitor import Monitor, MonitorWarning
+from sorl_monitor.monitor import module_group
+from sorl_monitor.query import open_runs
+from tests.conftest import write_run
+
+
+def test_one_update_writes_steps_turns_and_modules(tmp_path):
+    run = write_run(tmp_path, "r1", updates=3)
+    with open_runs(run) as runs:
+        steps = runs.sql("SELECT * FROM steps ORDER BY step").to_pylist()
+        turns = runs.sql("SELECT count(*) AS n, max(turn_idx) AS k FROM turns").to_pylist()[0]
+        modules = runs.sql("SELECT DISTINCT module FROM modules ORDER BY module").column("module").to_pylist()
+    assert [row["step"] for row in steps] == [0, 1, 2]
+    assert all(row["grad_norm"] > 0 and row["param_norm"] > 0 for row in steps)
+    assert turns == {"n": 3 * 4 * 3, "k": 2}  # 3 updates × 4 episodes × 3 turns
+    assert modules == ["0", "1"]
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["status"] == "finished" and meta["last_step"] == 2
+
+
+def test_module_group_names_top_level_blocks():
+    assert module_group("model.layers.3.mlp.up_proj.weight") == "model.layers.3"
+    assert module_group("model.embed_tokens.weight") == "model.embed_tokens"
+    assert module_group("lm_head.weight") == "lm_head"
+    assert module_group("value_head.bias") == "value_head"
+
+
+def test_pre_clip_grad_norm_rescales_module_norms(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 1))
+    model(torch.randn(16, 4)).pow(2).sum().mul(100).backward()
+    before = {n: p.grad.norm().item() for n, p in model.named_parameters()}
+    pre_clip = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+    x = torch.zeros(1, 3)
+    with Monitor(tmp_path, "clip", flush_interval_s=0.05) as mon:
+        mon.watch(model)
+        row = mon.log_update(logp=x, old_logp=x, mask=torch.ones(1, 3), grad_norm=pre_clip)
+    assert row["grad_norm"] == pytest.approx(float(pre_clip))
+    assert row["grad_norm_clipped"] == pytest.approx(0.5, rel=1e-4)
+    with open_runs(tmp_path / "clip") as runs:
+        first = runs.sql("SELECT grad_norm FROM modules WHERE module = '0'").column(0)[0].as_py()
+    assert first == pytest.approx(math.hypot(before["0.weight"], before["0.bias"]), rel=1e-4)
+
+
+def test_bad_input_is_counted_and_warned_not_raised(tmp_path):
+    with Monitor(tmp_path, "bad", flush_interval_s=0.05) as mon:
+        with pytest.warns(MonitorWarning, match="log_update failed"):
+            result = mon.log_update(logp=torch.zeros(2, 3), old_logp=torch.zeros(5, 7), mask=torch.ones(2, 3))
+        assert result == {}
+        x = torch.zeros(2, 3)
+        row = mon.log_update(logp=x, old_logp=x, mask=torch.ones(2, 3))
+    assert row["monitor_errors"] == 1
+
+
+def test_log_scalars_snake_cases_names_and_converts_tensors(tmp_path):
+    with Monitor(tmp_path, "dict", flush_interval_s=0.05) as mon:
+        mon.log_scalars(7, {"actor/pg_clipfrac": torch.tensor(0.25), "critic/score/mean": 0.5, "note": "x"})
+    with open_runs(tmp_path / "dict") as runs:
+        row = runs.sql("SELECT step, actor_pg_clipfrac, critic_score_mean, note FROM steps").to_pylist()[0]
+    assert row == {"step": 7, "actor_pg_clipfrac": 0.25, "critic_score_mean": 0.5, "note": "x"}
+
+
+def test_failed_context_marks_the_run_failed(tmp_path):
+    with pytest.raises(RuntimeError), Monitor(tmp_path, "boom") as mon:
+        mon.log_scalars(0, {"loss": 1.0})
+        raise RuntimeError("trainer crashed")
+    assert json.loads((tmp_path / "boom" / "run.json").read_text())["status"] == "failed"
+
+
+@pytest.mark.parametrize("name", ["../escape", "a/b", "a\\b", "", "..", ".hidden", "x" * 200])
+def test_run_names_with_path_separators_are_refused(tmp_path, name):
+    with pytest.raises(ValueError, match="not allowed"):
+        Monitor(tmp_path, name)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_recent_steps_window_holds_the_latest_rows(tmp_path):
+    with Monitor(tmp_path, "win", window=3) as mon:
+        for step in range(5):
+            mon.log_scalars(step, {"clip_frac": step / 10})
+        recent = mon.recent_steps()
+    assert recent.column("step").to_pylist() == [2, 3, 4]
+
+
+def test_disabled_monitor_writes_nothing(tmp_path):
+    mon = Monitor(tmp_path, "off", enabled=False)
+    x = torch.zeros(1, 2)
+    assert mon.log_update(logp=x, old_logp=x, mask=torch.ones(1, 2)) == {}
+    mon.close()
+    assert not (tmp_path / "off").exists()
+
+
+def test_alerts_are_validated_and_written(tmp_path):
+    with Monitor(tmp_path, "al") as mon:
+        mon.log_scalars(3, {"clip_frac": 0.6})
+        mon.log_alert("clip_frac_level", "critical", "clip fraction 0.6 > 0.5", value=0.6, threshold=0.5)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            mon.log_alert("x", "catastrophic", "bad severity")
+        assert any("severity" in str(w.message) for w in caught)
+    with open_runs(tmp_path / "al") as runs:
+        alerts = runs.sql("SELECT step, detector, severity, kind FROM alerts").to_pylist()
+    assert alerts == [{"step": 3, "detector": "clip_frac_level", "severity": "critical", "kind": "alert"}]
