@@ -1,0 +1,411 @@
+"""DuckDB query layer: views ``runs, steps, turns, modules, alerts`` over one or many runs (DESIGN §4).
+
+    runs = open_runs("runs/")                   # a log dir, a run dir, or a list of them
+    runs.sql("SELECT step, clip_frac FROM steps WHERE run_id = 'x' ORDER BY step")  # → pyarrow.Table
+
+Part files are listed explicitly (their footers checked once and cached), so a corrupt file is
+skipped with a warning naming it, and a file being written is never read (writers ``os.replace``
+finished parts into place). ``refresh()`` picks up parts and runs written since. User SQL is
+read-only: only ``SELECT``/``EXPLAIN`` statements run, on a connection whose file access is locked
+to the opened folders (no ``COPY``, ``ATTACH``, ``INSTALL``, or reads elsewhere).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import threading
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from sorl_monitor.schema import PART_GLOB, RUN_FILE, TABLES, empty_table, visible_parts
+
+QUERY_MISTAKES = (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException)
+"""Errors in the query itself; any other error may come from an unreadable part and triggers a full read."""
+RUN_COLUMNS = pa.schema(
+    [
+        pa.field("run_id", pa.string()),
+        pa.field("path", pa.string()),
+        pa.field("algorithm", pa.string()),
+        pa.field("seed", pa.int64()),
+        pa.field("status", pa.string()),
+        pa.field("created_at", pa.string()),
+        pa.field("finished_at", pa.string()),
+        pa.field("schema_version", pa.int64()),
+        pa.field("world_size", pa.int64()),
+        pa.field("config", pa.string()),
+        pa.field("last_write", pa.float64()),
+    ]
+)
+
+
+READ_ATTEMPTS = 4
+"""Tries of a query that fails on a part a live writer compacted away meanwhile."""
+
+
+class QueryError(Exception):
+    """A user-facing problem with a query or the runs it reads (bad path, bad SQL, refused statement)."""
+
+
+class CorruptPartWarning(UserWarning):
+    """A Parquet part could not be read and is skipped."""
+
+
+def is_run_dir(path: Path) -> bool:
+    """A run is a folder with ``run.json`` or a table folder holding ``rank=R`` partitions.
+
+    (Not just a table folder: a log folder holding a run named ``steps`` or ``turns`` is not a run.)
+    """
+    return (path / RUN_FILE).is_file() or any(
+        any((path / t).glob("rank=*")) for t in TABLES if (path / t).is_dir()
+    )
+
+
+def find_runs(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[Path]:
+    """Run folders named by ``paths``: each a run folder or a log folder whose children are runs."""
+    if isinstance(paths, str | os.PathLike):
+        paths = [paths]
+    found: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if not path.exists():
+            raise QueryError(f"no such file or directory: {path}")
+        if not path.is_dir():
+            raise QueryError(f"not a directory: {path} (give a run folder or a log folder of runs)")
+        if is_run_dir(path):
+            found.append(path.resolve())
+        else:
+            found.extend(sorted(c.resolve() for c in path.iterdir() if c.is_dir() and is_run_dir(c)))
+    return list(dict.fromkeys(found))
+
+
+def read_run_info(run_dir: Path) -> dict[str, Any]:
+    """``run.json`` of a run (or what can be inferred without it), plus its path and last write time."""
+    info: dict[str, Any] = {}
+    try:
+        info = json.loads((run_dir / RUN_FILE).read_text())
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError) as error:
+        warnings.warn(f"unreadable {run_dir / RUN_FILE}: {error}", CorruptPartWarning, stacklevel=2)
+    info.setdefault("run_id", run_dir.name)
+    info["path"] = str(run_dir)
+    return info
+
+
+@dataclass(frozen=True)
+class _PartCheck:
+    size: int
+    mtime_ns: int
+    ok: bool
+    read_in_full: bool = False
+
+
+class RunSet:
+    """Read-only DuckDB views over the runs found under ``paths`` (see module docstring)."""
+
+    def __init__(self, paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> None:
+        self.roots = [Path(p) for p in ([paths] if isinstance(paths, str | os.PathLike) else paths)]
+        self.run_dirs = find_runs(self.roots)
+        if not self.run_dirs:
+            where = ", ".join(str(p) for p in self.roots)
+            raise QueryError(f"no runs found in {where} (a run is a folder with run.json or steps/)")
+        self._checked: dict[str, _PartCheck] = {}
+        self._files: dict[str, tuple[str, ...]] = {}
+        self._lock = threading.RLock()
+        self.con = duckdb.connect(config={"threads": max(1, os.cpu_count() or 1)})
+        allowed = sorted({str(p.resolve()) for p in self.roots} | {str(p) for p in self.run_dirs})
+        self.con.execute("SET allowed_directories = $dirs", {"dirs": allowed})
+        self.con.execute("SET enable_external_access = false")
+        self.con.execute("SET autoinstall_known_extensions = false")
+        self.con.execute("SET autoload_known_extensions = false")
+        self.con.execute("SET lock_configuration = true")
+        self.refresh()
+
+    # ------------------------------------------------------------------ views
+    def refresh(self) -> bool:
+        """Re-list runs and part files; rebuild the views whose files changed. True if anything changed."""
+        with self._lock:
+            if any(p.is_dir() and not is_run_dir(p) for p in self.roots):
+                self.run_dirs = list(dict.fromkeys(self.run_dirs + find_runs(self.roots)))
+            # run.json first: a run marked finished then has every part on disk before they are listed
+            self._register_runs()
+            changed = False
+            for table in TABLES:
+                for _attempt in range(3):
+                    files = tuple(self._valid_parts(table))
+                    if files == self._files.get(table):
+                        break
+                    try:
+                        self._create_view(table, files)
+                    except duckdb.IOException:  # a part compacted away between listing and binding
+                        continue  # after 3 tries the view keeps its previous files until the next refresh
+                    self._files[table] = files
+                    changed = True
+                    break
+            return changed
+
+    def files(self, table: str) -> tuple[str, ...]:
+        """The readable part files behind a view."""
+        return self._files.get(table, ())
+
+    def _valid_parts(self, table: str) -> Iterable[str]:
+        """Readable parts of ``table``: footer checked once (cached), parts replaced by a compaction left out."""
+        for run_dir in self.run_dirs:
+            listed = [str(p) for p in (run_dir / table).glob(f"rank=*/{PART_GLOB}")]
+            for key in sorted(visible_parts(listed)):
+                path = Path(key)
+                try:
+                    stat = path.stat()
+                except OSError:
+                    continue
+                cached = self._checked.get(key)
+                if cached is None or (cached.size, cached.mtime_ns) != (stat.st_size, stat.st_mtime_ns):
+                    cached = _PartCheck(stat.st_size, stat.st_mtime_ns, self._footer_ok(path))
+                    self._checked[key] = cached
+                if cached.ok:
+                    yield key
+
+    @staticmethod
+    def _footer_ok(path: Path) -> bool:
+        try:
+            pq.read_metadata(path)
+            return True
+        except Exception as error:  # noqa: BLE001 - any unreadable file is skipped, loudly
+            warnings.warn(f"skipping unreadable part {path}: {error}", CorruptPartWarning, stacklevel=4)
+            return False
+
+    def _create_view(self, table: str, files: tuple[str, ...]) -> None:
+        if files:
+            self._drop(table)
+            self.con.execute(
+                f"CREATE VIEW {table} AS SELECT * FROM read_parquet($files, "
+                "hive_partitioning = true, union_by_name = true)".replace("$files", _sql_list(files))
+            )
+        else:
+            self._store_table(table, empty_table(table))
+
+    def _drop(self, name: str) -> None:
+        kinds = self.con.execute(
+            "SELECT table_type FROM information_schema.tables WHERE table_name = $name", {"name": name}
+        ).fetchall()
+        for (kind,) in kinds:
+            self.con.execute(f"DROP {'VIEW' if kind == 'VIEW' else 'TABLE'} {name}")
+
+    def _store_table(self, name: str, data: pa.Table) -> None:
+        """Keep ``data`` as an in-memory table ``name`` (visible to every cursor)."""
+        self._drop(name)
+        self.con.register("_sorl_incoming", data)
+        self.con.execute(f"CREATE TABLE {name} AS SELECT * FROM _sorl_incoming")
+        self.con.unregister("_sorl_incoming")
+
+    def _register_runs(self) -> None:
+        rows = []
+        for run_dir in self.run_dirs:
+            info = read_run_info(run_dir)
+            rows.append(
+                {
+                    "run_id": str(info.get("run_id")),
+                    "path": info["path"],
+                    "algorithm": info.get("algorithm"),
+                    "seed": info.get("seed") if isinstance(info.get("seed"), int) else None,
+                    "status": info.get("status", "unknown"),
+                    "created_at": info.get("created_at"),
+                    "finished_at": info.get("finished_at"),
+                    "schema_version": info.get("schema_version"),
+                    "world_size": info.get("world_size"),
+                    "config": json.dumps(info.get("config", {}), sort_keys=True, default=str),
+                    "last_write": _last_write(run_dir),
+                }
+            )
+        self._store_table("runs", pa.Table.from_pylist(rows, schema=RUN_COLUMNS))
+
+    # ------------------------------------------------------------------ queries
+    def sql(self, query: str, params: dict[str, Any] | None = None) -> pa.Table:
+        """Run read-only SQL over the views and return an Arrow table; ``QueryError`` on any problem."""
+        if not query or not query.strip():
+            raise QueryError("empty SQL")
+        try:
+            statements = duckdb.extract_statements(query)
+        except duckdb.Error as error:
+            raise QueryError(f"bad SQL: {_first_line(error)}") from None
+        if len(statements) != 1:
+            raise QueryError(f"give one statement, not {len(statements)}")
+        try:
+            kind = statement_kind(query)
+        except duckdb.Error as error:
+            raise QueryError(f"bad SQL: {_first_line(error)}") from None
+        if kind is not duckdb.StatementType.SELECT:
+            raise QueryError(
+                f"only read-only queries (SELECT, EXPLAIN) are allowed; refused a {kind.name} statement"
+            )
+        with self._lock:
+            for attempt in range(READ_ATTEMPTS):
+                try:
+                    return self._run(query, params)
+                except QUERY_MISTAKES as error:
+                    raise QueryError(f"bad SQL: {_first_line(error)}") from None
+                except duckdb.Error as error:
+                    # a part compacted away since the last refresh (a live writer may compact again while
+                    # we retry), or one whose data pages are corrupt: re-list, skip unreadable parts, retry
+                    last = attempt == READ_ATTEMPTS - 1
+                    if last or not (self.refresh() or self._skip_parts_that_do_not_read()):
+                        raise QueryError(f"bad SQL: {_first_line(error)}") from None
+            raise AssertionError("unreachable")
+
+    def _run(self, query: str, params: dict[str, Any] | None) -> pa.Table:
+        relation = self.con.cursor().sql(query, params=params or None)
+        return relation.to_arrow_table() if relation is not None else pa.table({})
+
+    def _skip_parts_that_do_not_read(self) -> bool:
+        """Read every part not yet read in full; skip (with a warning) those whose data pages are corrupt.
+
+        A part's footer is checked when it is listed; a part whose footer is intact but whose data is not
+        makes a query fail without naming it, so after such a failure each part is read once. True if a
+        part was newly skipped (the views are then rebuilt).
+        """
+        found = False
+        for files in self._files.values():
+            for key in files:
+                check = self._checked[key]
+                if check.read_in_full:
+                    continue
+                try:
+                    pq.read_table(key)
+                except Exception as error:  # noqa: BLE001 - any unreadable file is skipped, loudly
+                    warnings.warn(
+                        f"skipping unreadable part {key}: {error}", CorruptPartWarning, stacklevel=4
+                    )
+                    self._checked[key] = dataclasses.replace(check, ok=False)
+                    found = True
+                    continue
+                self._checked[key] = dataclasses.replace(check, read_in_full=True)
+        if found:
+            self.refresh()
+        return found
+
+    def table(self, name: str) -> pa.Table:
+        """A whole view as an Arrow table."""
+        if name not in (*TABLES, "runs"):
+            raise QueryError(f"unknown table {name!r}: one of runs, {', '.join(TABLES)}")
+        return self.sql(f"SELECT * FROM {name}")
+
+    def columns(self, name: str) -> list[str]:
+        """Column names of a view."""
+        return [row["column_name"] for row in self.sql(f"DESCRIBE {name}").to_pylist()]
+
+    def close(self) -> None:
+        self.con.close()
+
+    def __enter__(self) -> RunSet:
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.close()
+
+
+def open_runs(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> RunSet:
+    """Open runs for querying (see ``RunSet``)."""
+    return RunSet(paths)
+
+
+def statement_kind(query: str) -> duckdb.StatementType:
+    """The type of a single statement; for ``EXPLAIN [ANALYZE] [(options)] X``, the type of ``X``.
+
+    ``EXPLAIN ANALYZE`` runs the statement it explains, so ``EXPLAIN ANALYZE COPY … TO …`` writes a
+    file: an EXPLAIN is only as read-only as what it explains.
+    """
+    statement = duckdb.extract_statements(query)[0]
+    if statement.type is not duckdb.StatementType.EXPLAIN:
+        return statement.type
+    tokens = duckdb.tokenize(query)
+    ends = [start for start, _ in tokens[1:]] + [len(query)]
+    words = [
+        (start, query[start:end].strip().upper())
+        for (start, kind), end in zip(tokens, ends, strict=True)
+        if kind is not duckdb.token_type.comment
+    ]
+    index = 1  # words[0] is EXPLAIN
+    if index < len(words) and words[index][1] == "(":
+        while index < len(words) and words[index][1] != ")":
+            index += 1
+        index += 1
+    if index < len(words) and words[index][1] in {"ANALYZE", "ANALYSE"}:
+        index += 1
+    if index >= len(words):
+        return duckdb.StatementType.EXPLAIN
+    return statement_kind(query[words[index][0] :])
+
+
+def _sql_list(items: Iterable[str]) -> str:
+    return "[" + ", ".join("'" + item.replace("'", "''") + "'" for item in items) + "]"
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+
+def _last_write(run_dir: Path) -> float | None:
+    """Newest modification time among the run's part files and run.json (seconds since the epoch)."""
+    newest = None
+    for path in [run_dir / RUN_FILE, *run_dir.glob(f"*/rank=*/{PART_GLOB}")]:
+        try:
+            mtime = path.stat().st_mtime
+        except OSError:
+            continue
+        newest = mtime if newest is None else max(newest, mtime)
+    return newest
+
+
+STALE_AFTER_S = 120.0
+"""A run still marked ``running`` with no write for this long is shown as ``stale`` (crashed or paused)."""
+
+RUN_OVERVIEW_SQL = """
+SELECT r.run_id, r.algorithm, r.seed,
+       CASE WHEN r.status = 'running' AND epoch(now()) - r.last_write > $stale_after THEN 'stale'
+            ELSE r.status END AS status,
+       coalesce(s.updates, 0) AS updates, s.last_step, s.last_reward,
+       round(epoch(now()) - r.last_write) AS idle_s, r.path
+FROM runs r
+LEFT JOIN (
+    SELECT run_id, count(*) AS updates, max(step) AS last_step,
+           arg_max(reward_mean, step) FILTER (WHERE reward_mean IS NOT NULL) AS last_reward
+    FROM steps GROUP BY run_id
+) s USING (run_id)
+ORDER BY r.created_at NULLS LAST, r.run_id
+"""
+
+
+def run_overview(runs: RunSet, stale_after_s: float = STALE_AFTER_S) -> pa.Table:
+    """One row per run: id, algorithm, seed, status (``running``/``finished``/``failed``/``stale``), updates."""
+    return runs.sql(RUN_OVERVIEW_SQL, {"stale_after": stale_after_s})
+
+
+def metric_summary(runs: RunSet, run_id: str) -> pa.Table:
+    """Per numeric ``steps`` column of one run: count, min, median, max and last value (by step)."""
+    described = runs.sql("DESCRIBE steps").to_pylist()
+    numeric = [
+        row["column_name"]
+        for row in described
+        if row["column_type"] in {"DOUBLE", "FLOAT", "BIGINT", "INTEGER", "BOOLEAN"}
+        and row["column_name"]
+        not in {"rank", "step", "iteration", "ppo_epoch", "minibatch", "policy_lag", "wall_time"}
+    ]
+    parts = [
+        f"SELECT '{name}' AS metric, count({q}) AS n, min({q})::DOUBLE AS min, median({q})::DOUBLE AS median, "
+        f"max({q})::DOUBLE AS max, arg_max({q}, step)::DOUBLE AS last FROM steps WHERE run_id = $run"
+        for name in numeric
+        for q in [f'"{name}"']
+    ]
+    if not parts:
+        return pa.table({"metric": pa.array([], pa.string())})
+    table = runs.sql(" UNION ALL ".join(parts), {"run": run_id})
+    return table.filter(pa.compute.greater(table["n"], 0))

@@ -1,0 +1,130 @@
+"""The DuckDB query layer: views over one or many runs, read-only user SQL, clear errors."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from sorl_monitor.query import CorruptPartWarning, QueryError, metric_summary, open_runs, run_overview
+from tests.conftest import write_run
+
+
+def test_views_span_several_runs_with_different_extra_columns(tmp_path):
+    write_run(tmp_path, "a", updates=3, lr=1e-3)
+    write_run(tmp_path, "b", updates=4, ctn_coef=0.5)
+    with open_runs(tmp_path) as runs:
+        per_run = runs.sql(
+            "SELECT run_id, count(*) n, max(lr) lr, max(ctn_coef) c FROM steps GROUP BY 1 ORDER BY 1"
+        )
+        assert per_run.to_pylist() == [
+            {"run_id": "a", "n": 3, "lr": 1e-3, "c": None},
+            {"run_id": "b", "n": 4, "lr": None, "c": 0.5},
+        ]
+        assert runs.sql("SELECT count(*) FROM runs").column(0)[0].as_py() == 2
+
+
+def test_one_run_folder_or_a_list_of_them_can_be_opened(tmp_path):
+    a = write_run(tmp_path, "a", updates=2)
+    b = write_run(tmp_path, "b", updates=2)
+    with open_runs(a) as runs:
+        assert runs.sql("SELECT DISTINCT run_id FROM steps").column(0).to_pylist() == ["a"]
+    with open_runs([a, b]) as runs:
+        assert runs.sql("SELECT count(DISTINCT run_id) FROM steps").column(0)[0].as_py() == 2
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "COPY steps TO 'out.csv'",
+        "CREATE TABLE x AS SELECT 1",
+        "INSERT INTO runs VALUES (1)",
+        "ATTACH 'other.db'",
+        "INSTALL httpfs",
+        "SET enable_external_access = true",
+        "DROP VIEW steps",
+        "PRAGMA show_tables",
+    ],
+)
+def test_statements_that_write_attach_install_or_configure_are_refused(run_dir, sql):
+    with open_runs(run_dir) as runs, pytest.raises(QueryError, match="only read-only"):
+        runs.sql(sql)
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT * FROM read_csv('/etc/passwd')",
+        "SELECT * FROM glob('/etc/*')",
+        "SELECT * FROM read_text('/etc/hostname')",
+    ],
+)
+def test_reads_outside_the_opened_folders_are_refused(run_dir, sql):
+    with open_runs(run_dir) as runs, pytest.raises(QueryError, match="disabled by configuration"):
+        runs.sql(sql)
+
+
+@pytest.mark.parametrize(
+    ("sql", "message"),
+    [
+        ("SELEC 1", "syntax error"),
+        ("SELECT nope FROM steps", "nope"),
+        ("", "empty"),
+        ("SELECT 1; SELECT 2", "one statement"),
+    ],
+)
+def test_bad_sql_gets_a_one_line_error(run_dir, sql, message):
+    with open_runs(run_dir) as runs, pytest.raises(QueryError, match=message) as info:
+        runs.sql(sql)
+    assert "\n" not in str(info.value)
+
+
+def test_missing_path_and_empty_folder_are_clear_errors(tmp_path):
+    with pytest.raises(QueryError, match="no such file"):
+        open_runs(tmp_path / "nope")
+    with pytest.raises(QueryError, match="no runs found"):
+        open_runs(tmp_path)
+    (tmp_path / "file.txt").write_text("x")
+    with pytest.raises(QueryError, match="not a directory"):
+        open_runs(tmp_path / "file.txt")
+
+
+def test_tables_a_run_has_not_written_are_empty_with_the_full_schema(tmp_path):
+    folder = tmp_path / "r" / "steps" / "rank=0"
+    folder.mkdir(parents=True)
+    pq.write_table(pa.table({"run_id": ["r"], "step": [0]}), folder / "part-000000.parquet")
+    with open_runs(tmp_path) as runs:
+        assert runs.sql("SELECT count(*) FROM turns").column(0)[0].as_py() == 0
+        assert "ratio_mean" in runs.columns("turns")
+        assert runs.sql("SELECT status FROM runs").column(0).to_pylist() == ["unknown"]
+
+
+def test_corrupt_part_is_skipped_with_a_warning_naming_it(run_dir):
+    bad = run_dir / "steps" / "rank=0" / "part-999999.parquet"
+    bad.write_bytes(b"PAR1 truncated")
+    with pytest.warns(CorruptPartWarning, match="part-999999"), open_runs(run_dir) as runs:
+        assert runs.sql("SELECT count(*) FROM steps").column(0)[0].as_py() == 6
+
+
+def test_refresh_picks_up_new_runs_and_parts(tmp_path):
+    write_run(tmp_path, "a", updates=2)
+    with open_runs(tmp_path) as runs:
+        assert runs.refresh() is False
+        write_run(tmp_path, "b", updates=3)
+        assert runs.refresh() is True
+        assert runs.sql("SELECT count(*) FROM steps").column(0)[0].as_py() == 5
+
+
+def test_overview_and_summary(tmp_path):
+    write_run(tmp_path, "a", updates=4)
+    with open_runs(tmp_path) as runs:
+        overview = run_overview(runs).to_pylist()
+        summary = {row["metric"]: row for row in metric_summary(runs, "a").to_pylist()}
+        last = runs.sql("SELECT clip_frac FROM steps ORDER BY step DESC LIMIT 1").column(0)[0].as_py()
+        clip = runs.sql("SELECT min(clip_frac), max(clip_frac) FROM steps").to_pylist()[0]
+    assert (
+        overview[0]["run_id"] == "a" and overview[0]["status"] == "finished" and overview[0]["updates"] == 4
+    )
+    assert summary["clip_frac"]["n"] == 4 and summary["clip_frac"]["last"] == last
+    assert (summary["clip_frac"]["min"], summary["clip_frac"]["max"]) == tuple(clip.values())
+    assert "kl_ref_k3" not in summary  # never logged: left out
