@@ -1,0 +1,254 @@
+"""``sorl postmortem``, ``sorl report``, ``sorl compare``, ``sorl watch``: diagnose runs with the detectors.
+
+Exit status of ``sorl postmortem`` (for CI gates): 0 no collapse, 3 collapse found, 2 user error.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import pyarrow as pa
+import typer
+
+from cli.common import console, fail, open_or_fail, print_table, user_errors
+from sorl_monitor.detectors import DetectorConfig, detect, load_config
+from sorl_monitor.postmortem import Verdict, label_collapse
+from sorl_monitor.postmortem import postmortem as run_postmortem
+from sorl_monitor.query import RunSet
+from sorl_monitor.report import alert_onsets, logged_steps, write_report
+
+EXIT_HEALTHY = 0
+"""``sorl postmortem``: no collapse labelled (alerts may still be listed)."""
+EXIT_COLLAPSE = 3
+"""``sorl postmortem``: the run collapsed."""
+
+RunPath = Annotated[str, typer.Argument(help="A run folder, or a log folder that holds runs.")]
+RunOption = Annotated[str | None, typer.Option("--run", help="Run id, when the folder holds several runs.")]
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        help="TOML file of detector settings (top level or a \\[detectors] table), or a preset name: stale-rollouts.",
+    ),
+]
+SetOption = Annotated[
+    list[str] | None, typer.Option("--set", help="Override one detector setting: name=value (repeatable).")
+]
+
+
+def _config(config_file: Path | None, overrides: list[str] | None) -> DetectorConfig:
+    return load_config(config_file, overrides or ())
+
+
+def _run_ids(run_set: RunSet) -> list[str]:
+    return [r["run_id"] for r in run_set.sql("SELECT run_id FROM runs ORDER BY run_id").to_pylist()]
+
+
+def pick_run(run_set: RunSet, path: str, run_id: str | None) -> str:
+    """The one run ``path`` means: ``run_id`` if given, else its only run."""
+    run_ids = _run_ids(run_set)
+    if run_id is None:
+        if len(run_ids) > 1:
+            fail(f"{path} holds {len(run_ids)} runs; pick one with --run ({', '.join(run_ids[:5])}…)")
+        return run_ids[0]
+    if run_id not in run_ids:
+        fail(f"no run {run_id!r} in {path}")
+    return run_id
+
+
+def _or_dash(value: Any) -> str:
+    return "—" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def print_verdict(verdict: Verdict) -> None:
+    """The human-readable post-mortem."""
+    console.print(
+        f"[bold]run {verdict.run_id}[/] ({verdict.algorithm or 'unknown algorithm'}, {verdict.updates} updates)"
+    )
+    console.print(f"  first warning   {_or_dash(verdict.first_warning)}")
+    console.print(f"  first critical  {_or_dash(verdict.first_critical)}")
+    if verdict.collapsed:
+        console.print(
+            f"  collapse        [bold red]step {verdict.collapse_step}[/] ({verdict.collapse_reason})"
+        )
+        lead = "no critical alert before it" if verdict.lead_time is None else f"{verdict.lead_time} updates"
+        console.print(f"  lead time       {lead}")
+    else:
+        console.print("  collapse        [green]no collapse[/]")
+    console.print(f"[bold]root cause[/]: {verdict.root_cause}: {verdict.explanation}", highlight=False)
+    evidence = ", ".join(f"{k}={_or_dash(v)}" for k, v in verdict.evidence.items() if v is not None)
+    console.print(f"  evidence: {evidence}", highlight=False)
+    console.print(f"[bold]remedy[/]: {verdict.remedy}", highlight=False)
+    if verdict.top_alerts:
+        rows = [
+            {"detector": a["detector"], "severity": a["severity"], "first": a["first_step"],
+             "first critical": a["first_critical_step"], "count": a["count"], "strongest": a["message"]}
+            for a in verdict.top_alerts
+        ]  # fmt: skip
+        print_table(pa.Table.from_pylist(rows), title="top alerts")
+
+
+@user_errors
+def postmortem(
+    run: RunPath,
+    run_id: RunOption = None,
+    json_: Annotated[bool, typer.Option("--json", help="Print the verdict as JSON.")] = False,
+    config_file: ConfigOption = None,
+    set_: SetOption = None,
+) -> None:
+    """Timeline, collapse, lead time, root cause and remedy of one run.
+
+    Exit status: 0 no collapse, 3 collapse found, 2 user error.
+    """
+    config = _config(config_file, set_)
+    with open_or_fail(run) as run_set:
+        verdict = run_postmortem(run_set, pick_run(run_set, run, run_id), config)
+    if json_:
+        typer.echo(json.dumps(verdict.to_dict()))
+    else:
+        print_verdict(verdict)
+    raise typer.Exit(EXIT_COLLAPSE if verdict.collapsed else EXIT_HEALTHY)
+
+
+@user_errors
+def report(
+    runs: Annotated[list[str], typer.Argument(help="Run folders, or log folders of runs.")],
+    html_path: Annotated[Path, typer.Option("--html", help="Where to write the HTML page.")],
+    config_file: ConfigOption = None,
+    set_: SetOption = None,
+) -> None:
+    """One self-contained HTML page (opens offline) with the curves, alerts and verdict of each run."""
+    config = _config(config_file, set_)
+    if html_path.is_dir():
+        fail(f"--html must name a file, not the folder {html_path}")
+    with open_or_fail(runs) as run_set:
+        run_ids = _run_ids(run_set)
+        count = write_report(run_set, run_ids, html_path, config)
+    console.print(f"wrote {html_path} ({len(run_ids)} runs, {count} figures)")
+
+
+COMPARE_SQL = """
+SELECT run_id, count(*) AS updates,
+       max(reward_mean) AS reward_max, arg_max(reward_mean, step) AS reward_last,
+       avg(clip_frac) AS clip_frac_mean, max(clip_frac) AS clip_frac_max, max(clip_frac_turn) AS clip_frac_turn_max,
+       max(ratio_max) AS token_ratio_max, max(turn_ratio_max) AS turn_ratio_max,
+       max(kl_old_k3) AS kl_old_max, max(grad_norm) AS grad_norm_max,
+       avg(CASE WHEN ctn_active THEN 1.0 WHEN ctn_active IS NOT NULL THEN 0.0 END) AS ctn_on_share
+FROM steps WHERE run_id = $run_id GROUP BY run_id
+"""
+"""Key metrics of one run for ``sorl compare``."""
+
+
+@user_errors
+def compare(
+    run_a: Annotated[str, typer.Argument(help="First run folder.")],
+    run_b: Annotated[str, typer.Argument(help="Second run folder.")],
+    json_: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    config_file: ConfigOption = None,
+    set_: SetOption = None,
+) -> None:
+    """Side-by-side key metrics and verdicts of two runs."""
+    config = _config(config_file, set_)
+    columns: dict[str, dict[str, Any]] = {}
+    for path in (run_a, run_b):
+        with open_or_fail(path) as run_set:
+            run_id = pick_run(run_set, path, None)
+            if run_id in columns:
+                fail(f"both arguments are run {run_id!r}")
+            metrics = run_set.sql(COMPARE_SQL, {"run_id": run_id}).to_pylist()
+            if not metrics:
+                fail(f"run {run_id!r} has no steps logged yet")
+            verdict = run_postmortem(run_set, run_id, config)
+        columns[run_id] = {
+            **{k: v for k, v in metrics[0].items() if k != "run_id"},
+            "algorithm": verdict.algorithm,
+            "collapse_step": verdict.collapse_step,
+            "first_warning": verdict.first_warning,
+            "first_critical": verdict.first_critical,
+            "lead_time": verdict.lead_time,
+            "root_cause": verdict.root_cause,
+        }
+    if json_:
+        typer.echo(json.dumps(columns, default=str))
+        return
+    names = list(columns)
+    keys = list(next(iter(columns.values())))
+    rows = [{"metric": key, **{name: _or_dash(columns[name][key]) for name in names}} for key in keys]
+    print_table(pa.Table.from_pylist(rows), title=f"{names[0]} vs {names[1]}")
+
+
+def _alert_line(row: dict[str, Any]) -> str:
+    color = "red" if row["severity"] == "critical" else "yellow"
+    return f"step {row['step']:>7}  [{color}]{row['severity']:<8}[/] {row['detector']:<20} {row['message']}"
+
+
+@user_errors
+def watch(
+    run: RunPath,
+    run_id: RunOption = None,
+    interval: Annotated[float, typer.Option("--interval", min=0.05, help="Seconds between refreshes.")] = 2.0,
+    max_seconds: Annotated[
+        float | None, typer.Option("--max-seconds", min=0, help="Stop after this many seconds.")
+    ] = None,
+    config_file: ConfigOption = None,
+    set_: SetOption = None,
+) -> None:
+    """Follow a live run and print alerts as they start (and CTN switches, and a labelled collapse).
+
+    Stops on Ctrl-C, after --max-seconds, or when the run is marked finished or failed.
+    """
+    config = _config(config_file, set_)
+    started = time.monotonic()
+    with open_or_fail(run) as run_set:
+        run_id = pick_run(run_set, run, run_id)
+        printed: set[tuple[int, str, str]] = set()
+        collapse_shown = False
+        try:
+            console.print(f"watching {run_id} (Ctrl-C to stop)")
+            while True:
+                run_set.refresh()
+                # the status as of this refresh: a finished run's parts were all on disk before it
+                status = run_set.sql(
+                    "SELECT status FROM runs WHERE run_id = $run_id", {"run_id": run_id}
+                ).to_pylist()
+                alerts = detect(run_set, config, run_id).to_pylist()
+                actions = run_set.sql(
+                    "SELECT step, detector AS action, message FROM alerts WHERE run_id = $run_id AND kind = 'action'",
+                    {"run_id": run_id},
+                ).to_pylist()
+                events = [
+                    (r["step"], r["detector"], r["severity"], _alert_line(r))
+                    for r in alert_onsets(alerts, logged_steps(run_set, run_id))
+                ]
+                events += [
+                    (
+                        a["step"],
+                        a["action"],
+                        "action",
+                        f"step {a['step']:>7}  [cyan]{a['action']:<8}[/] {a['message']}",
+                    )
+                    for a in actions
+                ]
+                for step, name, kind, line in sorted(events):
+                    if (step, name, kind) not in printed:
+                        printed.add((step, name, kind))
+                        console.print(line, highlight=False)
+                label = label_collapse(run_set, config, run_id).to_pylist()
+                if not collapse_shown and label and label[0]["collapse_step"] is not None:
+                    collapse_shown = True
+                    console.print(
+                        f"[bold red]collapse[/] at step {label[0]['collapse_step']} ({label[0]['collapse_reason']})"
+                    )
+                if status and status[0]["status"] in ("finished", "failed"):
+                    console.print(f"run {run_id} is {status[0]['status']}")
+                    return
+                if max_seconds is not None and time.monotonic() - started >= max_seconds:
+                    return
+                remaining = math.inf if max_seconds is None else max_seconds - (time.monotonic() - started)
+                time.sleep(min(interval, remaining))
+        except KeyboardInterrupt:
+            console.print("stopped")

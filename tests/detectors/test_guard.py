@@ -1,0 +1,118 @@
+"""CtnGuard: hysteresis over the live detectors, on SYNTHETIC streams fed the way a trainer feeds it."""
+
+from __future__ import annotations
+
+import time
+
+import pyarrow as pa
+import pytest
+
+from sorl_monitor.detectors import detect
+from sorl_monitor.guard import CtnGuard
+from tests.detectors.synthetic import ONSET, PATTERNS, stable_rows
+
+WINDOW = 512
+
+
+def feed(guard: CtnGuard, rows: list[dict], first_call: int = ONSET - 20) -> list:
+    """The decisions of ``update`` called with the last ``WINDOW`` rows after every row from ``first_call`` on,
+    as a trainer would (the first call sees all rows before it at once, which the guard handles alike)."""
+    table = pa.Table.from_pylist(rows)
+    decisions = []
+    for end in range(first_call, len(rows) + 1):
+        decision = guard.update(table.slice(max(0, end - WINDOW), min(end, WINDOW)))
+        if decision is not None:
+            decisions.append(decision)
+    return decisions
+
+
+def burst_rows(start: int = ONSET, length: int = 10, n: int = 360) -> list[dict]:
+    """SYNTHETIC: a stable run whose clip fraction jumps to 0.6 for ``length`` updates from ``start``."""
+    rows = stable_rows(n)
+    for row in rows[start : start + length]:
+        PATTERNS["clip_frac_level"](row)
+    return rows
+
+
+def test_ctn_goes_on_at_the_first_tripping_update_of_a_synthetic_burst():
+    decisions = feed(CtnGuard(quiet_updates=20), burst_rows())
+    on = decisions[0]
+    assert on.ctn_on and on.detector == "clip_frac_level"
+    assert ONSET <= on.step <= ONSET + 2
+    assert on.value > on.threshold
+
+
+def test_ctn_goes_off_after_the_quiet_window_of_a_synthetic_burst():
+    rows = burst_rows()
+    decisions = feed(CtnGuard(quiet_updates=20), rows)
+    assert [d.ctn_on for d in decisions] == [True, False]
+    last_firing = max(
+        detect(pa.Table.from_pylist(rows), detectors=["clip_frac_level"]).column("step").to_pylist()
+    )
+    assert decisions[1].step - last_firing == 20
+
+
+def test_ctn_stays_on_while_a_synthetic_burst_keeps_firing():
+    decisions = feed(CtnGuard(quiet_updates=20), burst_rows(length=80, n=400))
+    assert decisions[0].ctn_on
+    assert decisions[1].step > ONSET + 80
+
+
+def test_stable_synthetic_run_never_switches_ctn():
+    assert feed(CtnGuard(), stable_rows(360)) == []
+
+
+def test_min_severity_critical_ignores_warnings_in_a_synthetic_stream():
+    rows = stable_rows(300)
+    for row in rows[ONSET:]:
+        row["clip_frac"] = 0.4  # above the warning (0.3), below the severe threshold (0.5)
+    assert feed(CtnGuard(min_severity="critical"), rows) == []
+    assert feed(CtnGuard(min_severity="warning"), rows)[0].ctn_on
+
+
+def test_only_trip_on_detectors_switch_ctn_synthetic():
+    rows = stable_rows(300)
+    for row in rows[ONSET:]:
+        PATTERNS["token_ratio_max"](row)
+    assert feed(CtnGuard(trip_on=("clip_frac_level",)), rows) == []
+    assert feed(CtnGuard(trip_on=("token_ratio_max",)), rows)[0].detector == "token_ratio_max"
+
+
+def test_the_same_window_twice_gives_no_second_decision():
+    guard = CtnGuard()
+    window = pa.Table.from_pylist(burst_rows()[: ONSET + 5])
+    assert guard.update(window) is not None
+    assert guard.update(window) is None
+
+
+def test_decision_is_a_ready_made_action_alert():
+    on = feed(CtnGuard(quiet_updates=20), burst_rows())[0]
+    fields = on.alert_fields()
+    assert fields["kind"] == "action" and fields["detector"] == "ctn_on" and fields["step"] == on.step
+    assert "clip_frac_level" in fields["message"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"quiet_updates": 0}, "quiet_updates"),
+        ({"min_severity": "info"}, "min_severity"),
+        ({"trip_on": ("nope",)}, "unknown detector"),
+    ],
+)
+def test_bad_guard_settings_are_clear_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        CtnGuard(**kwargs)
+
+
+def test_update_is_cheap_on_a_512_row_window():
+    table = pa.Table.from_pylist(stable_rows(WINDOW + 40))
+    guard = CtnGuard()
+    timings = []
+    for end in range(WINDOW, table.num_rows):
+        window = table.slice(end - WINDOW, WINDOW)
+        started = time.perf_counter()
+        guard.update(window)
+        timings.append(time.perf_counter() - started)
+    timings.sort()
+    assert timings[len(timings) // 2] < 0.05, f"median {timings[len(timings) // 2] * 1e3:.1f} ms"

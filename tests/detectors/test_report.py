@@ -1,0 +1,34 @@
+"""Report helpers: alert onsets over logged updates, CTN-on spans from ctn_active or from guard actions."""
+
+from __future__ import annotations
+
+from sorl_monitor.report import alert_onsets, ctn_spans
+
+
+def alert(step: int, detector: str = "kl_spike", severity: str = "warning") -> dict:
+    return {"step": step, "detector": detector, "severity": severity}
+
+
+def test_a_streak_over_consecutive_logged_updates_is_one_onset_even_when_steps_skip():
+    steps = [0, 10, 20, 30, 40, 50]
+    onsets = alert_onsets([alert(10), alert(20), alert(30), alert(50)], steps)
+    assert [a["step"] for a in onsets] == [10, 50]
+
+
+def test_escalation_to_critical_is_a_new_onset():
+    onsets = alert_onsets([alert(1), alert(2, severity="critical"), alert(3, severity="critical")], [1, 2, 3])
+    assert [(a["step"], a["severity"]) for a in onsets] == [(1, "warning"), (2, "critical")]
+
+
+def test_detectors_have_separate_streaks():
+    onsets = alert_onsets([alert(1), alert(2, "grad_norm_spike"), alert(2)], [1, 2])
+    assert [(a["step"], a["detector"]) for a in onsets] == [(1, "kl_spike"), (2, "grad_norm_spike")]
+
+
+def test_ctn_spans_follow_the_logged_ctn_active_column():
+    assert ctn_spans([0, 1, 2, 3, 4, 5], [False, True, True, False, True, True], []) == [(1, 3), (4, 5)]
+
+
+def test_ctn_spans_fall_back_to_guard_actions_when_ctn_active_was_not_logged():
+    spans = ctn_spans([0, 1, 2, 3, 4, 5], [None] * 6, [(1, "ctn_on"), (3, "ctn_off"), (4, "ctn_on")])
+    assert spans == [(1, 3), (4, 5)]
