@@ -1,0 +1,153 @@
+"""Every knob of the bundled trainer in one dataclass (TOML-loadable), checked before training starts."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sorl_monitor.trainer.env import TaskConfig
+from sorl_monitor.trainer.policy import PolicyConfig
+
+CTN_MODES = ("off", "on", "auto")
+LOG_TURNS = ("all", "first", "none")
+
+
+@dataclass
+class TrainConfig:
+    """The bundled trainer's configuration. Defaults: the off-policy setting in which token PPO collapses."""
+
+    algo: str = "ppo"
+    """ppo | turn_ppo | s_ppo | so_ppo (= st_ppo) | grpo | so_grpo"""
+    ctn: str | None = None
+    """off | on | auto; default: on for s_ppo / so_ppo / so_grpo, off otherwise."""
+    ctn_coef: float = 1.0
+    """λ of CTN: loss += λ · clip_fraction · KL_k3."""
+    ctn_quiet_updates: int = 32
+    """auto: updates without a tripped detector before CTN goes off again."""
+    seed: int = 0
+    iterations: int = 100
+    """Rollout iterations; each makes ``epochs × minibatches`` optimizer updates (monitor steps)."""
+    episodes: int = 128
+    group_size: int = 8
+    """Episodes per question (GRPO groups; the other algorithms see the same batches)."""
+    epochs: int = 4
+    minibatches: int = 4
+    staleness: int = 4
+    """The behaviour policy is this many iterations older than the learner (stale rollouts)."""
+    lr: float = 1e-3
+    clip_eps: float = 0.2
+    clip_eps_high: float | None = None
+    vf_coef: float = 0.5
+    ent_coef: float = 0.0
+    kl_ref_coef: float = 0.0
+    max_grad_norm: float = 1.0
+    gamma: float = 1.0
+    gae_lambda: float = 1.0
+    whiten: bool = True
+    turn_ratio: str = "mean"
+    """mean: w̄_k = mean_t r_t (seed notes) | geomean: exp(mean_t log r_t)"""
+    temperature: float = 1.0
+    warmstart_steps: int = 300
+    warmstart_error_rate: float = 0.4
+    warmstart_lr: float = 3e-3
+    warmstart_cache: str | None = "~/.cache/sorl-monitor"
+    """Folder where warm-started policies are kept (keyed by every setting that shapes them); None: no cache."""
+    threads: int = 1
+    log_dir: str = "runs"
+    run_name: str | None = None
+    log_turns: str = "all"
+    """all | first (the first update of each iteration: small logs) | none"""
+    task: TaskConfig = field(default_factory=TaskConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+
+    @property
+    def ctn_mode(self) -> str:
+        from sorl_monitor.trainer.algorithms import get_algorithm
+
+        return self.ctn if self.ctn is not None else get_algorithm(self.algo).DEFAULT_CTN
+
+    def check(self) -> TrainConfig:
+        """Raise ``ValueError`` naming the first bad knob; return self."""
+        from sorl_monitor.trainer.algorithms import get_algorithm
+
+        get_algorithm(self.algo)
+        if self.ctn is not None and self.ctn not in CTN_MODES:
+            raise ValueError(f"ctn must be one of {', '.join(CTN_MODES)}, not {self.ctn!r}")
+        if self.turn_ratio not in ("mean", "geomean"):
+            raise ValueError(f"turn_ratio must be 'mean' or 'geomean', not {self.turn_ratio!r}")
+        if self.log_turns not in LOG_TURNS:
+            raise ValueError(f"log_turns must be one of {', '.join(LOG_TURNS)}, not {self.log_turns!r}")
+        positive = {"iterations": self.iterations, "episodes": self.episodes, "group_size": self.group_size,
+                    "epochs": self.epochs, "minibatches": self.minibatches, "threads": self.threads}  # fmt: skip
+        for name, value in positive.items():
+            if value < 1:
+                raise ValueError(f"{name} must be at least 1, not {value}")
+        if self.episodes % self.group_size:
+            raise ValueError(
+                f"episodes ({self.episodes}) must be a multiple of group_size ({self.group_size})"
+            )
+        if self.episodes % self.minibatches:
+            raise ValueError(
+                f"episodes ({self.episodes}) must be a multiple of minibatches ({self.minibatches})"
+            )
+        non_negative = {"staleness": self.staleness, "ctn_coef": self.ctn_coef, "vf_coef": self.vf_coef,
+                        "ent_coef": self.ent_coef, "kl_ref_coef": self.kl_ref_coef,
+                        "warmstart_steps": self.warmstart_steps}  # fmt: skip
+        for name, value in non_negative.items():
+            if not value >= 0 or math.isinf(value):
+                raise ValueError(f"{name} must be a finite number ≥ 0, not {value}")
+        for name, value in {"lr": self.lr, "warmstart_lr": self.warmstart_lr, "max_grad_norm": self.max_grad_norm,
+                            "temperature": self.temperature}.items():  # fmt: skip
+            if not 0 < value < math.inf:
+                raise ValueError(f"{name} must be a finite number > 0, not {value}")
+        for name, value in {"clip_eps": self.clip_eps, "clip_eps_high": self.clip_eps_high}.items():
+            if value is not None and not 0 < value < 1:
+                raise ValueError(f"{name} must be in (0, 1), not {value}")
+        for name, value in {"gamma": self.gamma, "gae_lambda": self.gae_lambda,
+                            "warmstart_error_rate": self.warmstart_error_rate}.items():  # fmt: skip
+            if not 0 <= value <= 1:
+                raise ValueError(f"{name} must be in [0, 1], not {value}")
+        if self.ctn_quiet_updates < 1:
+            raise ValueError(f"ctn_quiet_updates must be at least 1, not {self.ctn_quiet_updates}")
+        self.task.check()
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _build(cls: type, values: dict[str, Any], where: str) -> Any:
+    names = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(names))
+    if unknown:
+        raise ValueError(f"unknown setting{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} in {where}; "
+                         f"known: {', '.join(names)}")  # fmt: skip
+    return values
+
+
+def config_from_mapping(values: dict[str, Any], where: str = "the config") -> TrainConfig:
+    """A ``TrainConfig`` from a (TOML) mapping with optional ``[task]`` and ``[policy]`` tables."""
+    values = dict(values)
+    task = _build(TaskConfig, dict(values.pop("task", {}) or {}), f"[task] of {where}")
+    policy = _build(PolicyConfig, dict(values.pop("policy", {}) or {}), f"[policy] of {where}")
+    _build(TrainConfig, values, where)
+    try:
+        return TrainConfig(**values, task=TaskConfig(**task), policy=PolicyConfig(**policy))
+    except TypeError as error:
+        raise ValueError(f"{where}: {error}") from None
+
+
+def load_config(path: str | Path) -> TrainConfig:
+    """Read a TOML file of ``TrainConfig`` fields; ``ValueError`` with a one-line reason when it is bad."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"config file not found: {path}")
+    try:
+        values = tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is not valid TOML: {error}") from None
+    return config_from_mapping(values, str(path))

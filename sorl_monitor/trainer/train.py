@@ -1,0 +1,174 @@
+"""The training loop: warm start, stale rollouts, PPO-style reuse, monitor logging and the CTN switch.
+
+for each iteration:
+    behaviour policy = the learner as it was ``staleness`` iterations ago
+    play ``episodes`` episodes with it (log-probs = π_old)
+    advantages from the learner's critic (or the group), once
+    ``epochs`` × ``minibatches`` optimizer updates on the algorithm's loss, each logged by the monitor
+    ctn=auto: the guard looks at the monitor's recent window and may switch CTN on or off
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sorl_monitor.guard import CtnGuard
+from sorl_monitor.monitor import Monitor
+from sorl_monitor.trainer.algorithms import get_algorithm
+from sorl_monitor.trainer.algorithms.common import LossSettings, Minibatch
+from sorl_monitor.trainer.config import TrainConfig
+from sorl_monitor.trainer.env import SearchEnv
+from sorl_monitor.trainer.policy import PolicyWithValue
+from sorl_monitor.trainer.rollout import collect
+from sorl_monitor.trainer.warmstart import cached_warm_start, warm_start
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    run_id: str
+    status: str  # finished | diverged (non-finite loss) | interrupted | failed
+    iteration_rewards: list[float] = field(default_factory=list)
+    ctn_switches: list[tuple[int, bool, str]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def final_reward(self) -> float:
+        tail = self.iteration_rewards[-5:]
+        return sum(tail) / len(tail) if tail else float("nan")
+
+    @property
+    def peak_reward(self) -> float:
+        return max(self.iteration_rewards, default=float("nan"))
+
+
+Progress = Callable[[str, int, int, dict[str, Any]], None]
+"""``progress(phase, done, total, fields)`` with phase ``"warmup"`` or ``"train"``."""
+
+
+def loss_settings(cfg: TrainConfig) -> LossSettings:
+    return LossSettings(
+        clip_eps=cfg.clip_eps, clip_eps_high=cfg.clip_eps if cfg.clip_eps_high is None else cfg.clip_eps_high,
+        vf_coef=cfg.vf_coef, ent_coef=cfg.ent_coef, kl_ref_coef=cfg.kl_ref_coef, turn_ratio=cfg.turn_ratio,
+        gamma=cfg.gamma, gae_lambda=cfg.gae_lambda, whiten=cfg.whiten,
+    )  # fmt: skip
+
+
+def train(cfg: TrainConfig, progress: Progress | None = None) -> TrainResult:
+    """Train with ``cfg`` (checked first), logging through a ``Monitor`` into ``cfg.log_dir``."""
+    cfg.check()
+    started = time.perf_counter()
+    algo = get_algorithm(cfg.algo)
+    settings = loss_settings(cfg)
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    env_gen = torch.Generator().manual_seed(cfg.seed)
+    sample_gen = torch.Generator().manual_seed(cfg.seed + 1)
+    shuffle_gen = torch.Generator().manual_seed(cfg.seed + 2)
+    env = SearchEnv(cfg.task)
+    policy = PolicyWithValue(len(env.vocab), env.seq_len, cfg.policy)
+    report = progress or (lambda *a: None)
+
+    warm_key = {"task": cfg.task, "policy": cfg.policy, "steps": cfg.warmstart_steps, "seed": cfg.seed,
+                "error_rate": cfg.warmstart_error_rate, "lr": cfg.warmstart_lr, "batch": cfg.episodes, "v": 1}  # fmt: skip
+    warm_gen = torch.Generator().manual_seed(cfg.seed + 3)
+    cached_warm_start(policy, env, warm_key, cfg.warmstart_cache, lambda: warm_start(
+        policy, env, cfg.warmstart_steps, cfg.warmstart_error_rate, cfg.warmstart_lr, cfg.episodes, warm_gen,
+        on_step=lambda s: report("warmup", s + 1, cfg.warmstart_steps, {})))  # fmt: skip
+    reference = copy.deepcopy(policy).eval().requires_grad_(False)
+    behaviour = copy.deepcopy(policy).requires_grad_(False)
+    history = collections.deque([copy.deepcopy(policy.state_dict())], maxlen=cfg.staleness + 1)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
+
+    ctn_mode = cfg.ctn_mode
+    ctn_active = ctn_mode == "on"
+    guard = CtnGuard(quiet_updates=cfg.ctn_quiet_updates) if ctn_mode == "auto" else None
+    mon = Monitor(cfg.log_dir, cfg.run_name, config=cfg.to_dict(), algorithm=cfg.algo, seed=cfg.seed,
+                  clip_eps=settings.clip_eps, clip_eps_high=settings.clip_eps_high).watch(policy)  # fmt: skip
+    result = TrainResult(mon.run_dir, mon.run_id, "finished")
+    steps_per_iteration = cfg.epochs * cfg.minibatches
+    mb_size = cfg.episodes // cfg.minibatches
+    group_ids = torch.arange(cfg.episodes) // cfg.group_size
+    step = 0
+    try:
+        for iteration in range(cfg.iterations):
+            behaviour.load_state_dict(history[0])
+            lag_iterations = len(history) - 1
+            questions = env.sample_questions(cfg.episodes, env_gen, cfg.group_size)
+            episodes = collect(env, behaviour, questions, cfg.temperature, sample_gen)
+            mask = episodes.mask.float()
+            with torch.no_grad():
+                values = policy(episodes.tokens, with_values=algo.CRITIC).values
+                ref_logp = reference(episodes.tokens, with_values=False).logp
+                adv, returns = algo.advantages(
+                    episodes.rewards, values, mask, episodes.turn_ids, group_ids, settings
+                )
+            coef = cfg.ctn_coef if ctn_active else 0.0
+            last: dict[str, float] = {}
+            diverged = False
+            for epoch in range(cfg.epochs):
+                order = torch.randperm(cfg.episodes, generator=shuffle_gen)
+                for mb in range(cfg.minibatches):
+                    idx = order[mb * mb_size : (mb + 1) * mb_size]
+                    batch = Minibatch(mask[idx], episodes.turn_ids[idx], episodes.logp[idx], ref_logp[idx],
+                                      adv[idx], returns[idx], values[idx])  # fmt: skip
+                    out = policy(episodes.tokens[idx], with_values=algo.CRITIC)
+                    terms = algo.loss(out, batch, settings, coef)
+                    optimizer.zero_grad(set_to_none=True)
+                    terms.loss.backward()
+                    grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
+                    first = epoch == 0 and mb == 0
+                    last = mon.log_update(
+                        logp=out.logp.detach(), old_logp=batch.old_logp, mask=batch.mask, turn_ids=batch.turn_ids,
+                        ref_logp=batch.ref_logp, entropy=out.entropy.detach(), advantages=batch.advantages,
+                        values=out.values.detach() if algo.CRITIC else None,
+                        returns=batch.returns if algo.CRITIC else None, rewards=episodes.rewards[idx],
+                        group_ids=group_ids[idx], grad_norm=grad_norm, step=step, iteration=iteration,
+                        ppo_epoch=epoch, minibatch=mb, policy_lag=lag_iterations * steps_per_iteration + epoch * cfg.minibatches + mb,
+                        extra={"loss": terms.loss.detach(), "pg_loss": terms.pg_loss, "vf_loss": terms.vf_loss,
+                               "ctn_penalty": terms.ctn_penalty, "ctn_active": ctn_active, "ctn_coef": coef,
+                               "lr": cfg.lr, "success_rate": episodes.correct[idx].float().mean(),
+                               "well_formed_frac": episodes.well_formed[idx].float().mean()},
+                        log_turns=cfg.log_turns == "all" or (cfg.log_turns == "first" and first),
+                    ) or last  # fmt: skip
+                    step += 1
+                    if not torch.isfinite(terms.loss) or not torch.isfinite(grad_norm):
+                        diverged = True
+                        break
+                    optimizer.step()
+                if diverged:
+                    break
+            history.append(copy.deepcopy(policy.state_dict()))
+            reward = float(episodes.rewards.mean())
+            result.iteration_rewards.append(reward)
+            if guard is not None:
+                decision = guard.update(mon.recent_steps())
+                if decision is not None:
+                    ctn_active = decision.ctn_on
+                    mon.log_alert(**decision.alert_fields())
+                    result.ctn_switches.append((decision.step, decision.ctn_on, decision.reason))
+            report("train", iteration + 1, cfg.iterations,
+                   {"reward": reward, "clip_frac": last.get("clip_frac", float("nan")),
+                    "kl": last.get("kl_old_k3", float("nan")), "ctn": ctn_active})  # fmt: skip
+            if diverged:
+                result.status = "diverged"
+                break
+    except BaseException as error:  # recorded in run.json, then re-raised
+        result.status = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
+        raise
+    finally:
+        if guard is not None:
+            guard.close()
+        mon.update_run_info(final_reward=result.final_reward, peak_reward=result.peak_reward,
+                            iterations_done=len(result.iteration_rewards))  # fmt: skip
+        mon.close(status=result.status)
+        result.seconds = time.perf_counter() - started
+    return result

@@ -1,0 +1,59 @@
+"""``sorl train``: one-line errors for bad knobs, and a tiny real run end to end."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--algo", "ppo2"], "unknown algorithm"),
+        (["--ctn", "maybe"], "ctn must be"),
+        (["--lr", "-1"], "lr must be"),
+        (["--epochs", "0"], "epochs must be"),
+        (["--config", "missing.toml"], "config file not found"),
+    ],
+)
+def test_bad_knobs_fail_in_one_line_before_training(args, message, tmp_path):
+    result = runner.invoke(app, ["train", "--log-dir", str(tmp_path), *args])
+    assert result.exit_code == 2
+    assert message in result.output and "Traceback" not in result.output
+    assert not any(tmp_path.iterdir())  # nothing started
+
+
+@pytest.mark.slow
+def test_a_tiny_training_run_prints_its_verdict(tmp_path):
+    config = tmp_path / "tiny.toml"
+    config.write_text(
+        'episodes = 16\ngroup_size = 4\nepochs = 1\nminibatches = 2\nwarmstart_steps = 3\nwarmstart_cache = "'
+        + str(tmp_path / "cache")
+        + '"\n[task]\nmax_hops = 1\nmax_turns = 2\n'
+    )
+    args = ["train", "--config", str(config), "--algo", "so_ppo", "--ctn", "auto", "--steps", "2",
+            "--log-dir", str(tmp_path / "runs"), "--run-name", "tiny", "--quiet"]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code in (0, 3), result.output
+    assert "tiny: finished" in result.output and "sorl postmortem" in result.output
+    assert (tmp_path / "runs" / "tiny" / "run.json").is_file()
+    assert list((tmp_path / "cache").glob("warmstart-*.pt"))  # the warm start was cached
+    again = runner.invoke(app, args)
+    assert again.exit_code == 2 and "already exists" in again.output
+
+
+@pytest.mark.slow
+def test_the_demo_trains_its_runs_and_prints_one_post_mortem_table(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))  # the warm-start cache goes under ~/.cache
+    result = runner.invoke(app, ["demo", "--steps", "1", "--log-dir", str(tmp_path / "demo")])
+    assert result.exit_code == 0, result.output
+    for name in ("token-ppo", "so-ppo-auto-ctn", "ppo-auto-ctn"):
+        assert (tmp_path / "demo" / name / "run.json").is_file()
+        assert name in result.output
+    assert "Post-mortems (detector settings: stale-rollouts)" in result.output
+    assert "sorl dashboard" in result.output
+    assert list((tmp_path / ".cache" / "sorl-monitor").glob("warmstart-*.pt"))

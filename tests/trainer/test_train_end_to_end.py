@@ -1,0 +1,69 @@
+"""A few real updates of every algorithm, logged through the monitor, read back with the query layer."""
+
+from __future__ import annotations
+
+import pytest
+
+from sorl_monitor.query import open_runs
+from sorl_monitor.trainer.algorithms import ALGORITHMS
+from sorl_monitor.trainer.config import TrainConfig
+from sorl_monitor.trainer.env import TaskConfig
+from sorl_monitor.trainer.train import train
+
+# DESIGN §3: the columns the bundled trainer must fill on every update
+STEP_COLUMNS = (
+    "loss pg_loss ctn_penalty ctn_active ctn_coef lr ratio_mean ratio_min ratio_max ratio_p01 ratio_p99 "
+    "log_ratio_std turn_ratio_mean turn_ratio_max seq_ratio_mean clip_frac clip_frac_low clip_frac_high "
+    "clip_frac_turn kl_old_k1 kl_old_k3 kl_ref_k3 entropy grad_norm grad_norm_clipped param_norm adv_mean "
+    "adv_std reward_mean reward_std zero_std_group_frac response_len_mean turns_mean nonfinite_count"
+).split()
+CRITIC_COLUMNS = ("vf_loss", "value_mean", "return_mean")
+TURN_COLUMNS = (
+    "sample_id turn_idx n_tokens ratio_mean log_ratio_sum ratio_max ratio_min clip_frac turn_clipped "
+    "advantage return reward kl_k3 entropy"
+).split()
+KEYS = ("run_id", "rank", "step", "iteration", "ppo_epoch", "minibatch", "policy_lag", "wall_time")
+
+
+def tiny(algo: str, log_dir, **kw) -> TrainConfig:
+    return TrainConfig(algo=algo, seed=1, iterations=2, episodes=16, group_size=4, epochs=2, minibatches=2,
+                       staleness=1, warmstart_steps=5, warmstart_cache=None, log_dir=str(log_dir),
+                       run_name=algo, task=TaskConfig(max_hops=2, max_turns=3), **kw)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_every_algorithm_writes_readable_parquet_with_all_design_columns(tmp_path):
+    algos = sorted(set(ALGORITHMS) - {"st_ppo"})
+    results = {algo: train(tiny(algo, tmp_path)) for algo in algos}
+    with open_runs(tmp_path) as runs:
+        for algo, result in results.items():
+            assert result.status == "finished" and len(result.iteration_rewards) == 2
+            steps = runs.sql(f"SELECT * FROM steps WHERE run_id = '{algo}' ORDER BY step").to_pylist()
+            assert [row["step"] for row in steps] == list(
+                range(8)
+            )  # 2 iterations × 2 epochs × 2 mini-batches
+            critic = ALGORITHMS[algo].CRITIC
+            for column in [*STEP_COLUMNS, *KEYS, *(CRITIC_COLUMNS if critic else ())]:
+                assert all(row.get(column) is not None for row in steps), (algo, column)
+            assert (
+                steps[-1]["policy_lag"] > steps[0]["policy_lag"]
+            )  # staleness 1: the lag grows along an iteration
+            assert {row["ctn_active"] for row in steps} == {ALGORITHMS[algo].DEFAULT_CTN == "on"}
+            turns = runs.sql(f"SELECT * FROM turns WHERE run_id = '{algo}'").to_pylist()
+            assert turns and all(row[c] is not None for row in turns for c in TURN_COLUMNS)
+            assert {row["step"] for row in turns} == set(range(8))
+            modules = (
+                runs.sql(f"SELECT DISTINCT module FROM modules WHERE run_id = '{algo}'").column(0).to_pylist()
+            )
+            assert any("value_head" in m for m in modules) and len(modules) >= 3
+            info = runs.sql(f"SELECT algorithm, status FROM runs WHERE run_id = '{algo}'").to_pylist()[0]
+            assert info == {"algorithm": algo, "status": "finished"}
+
+
+@pytest.mark.slow
+def test_log_turns_first_keeps_one_update_of_turn_rows_per_iteration(tmp_path):
+    train(tiny("so_ppo", tmp_path, log_turns="first"))
+    with open_runs(tmp_path) as runs:
+        steps = runs.sql("SELECT DISTINCT step FROM turns ORDER BY step").column(0).to_pylist()
+        assert steps == [0, 4]
+        assert runs.sql("SELECT count(*) FROM steps").to_pylist()[0]["count_star()"] == 8
