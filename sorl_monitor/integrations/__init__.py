@@ -1,0 +1,9 @@
+"""Attach ``Monitor`` to trainers people already run (docs/attach.md); import the module you need.
+
+- ``hf``: ``SorlCallback`` for ``transformers.Trainer`` and every TRL trainer.
+- ``trl``: ``MonitoredGRPOTrainer`` / ``TokenTapMixin``, token and turn metrics from TRL's GRPO loss.
+- ``verl``: ``MonitoredPolicyLoss`` / ``register_monitored_loss``, ``SorlTracking`` /
+  ``install_tracking_backend``, ``ingest_verl_jsonl``.
+- ``ranks``: one metric across ranks, and each rank's skew.
+- ``names``: the trainers' metric names → ``steps`` columns.
+"""

@@ -1,0 +1,384 @@
+"""Attach to verl three ways, no fork of verl (docs/attach.md shows each).
+
+(a) ``MonitoredPolicyLoss``: a policy loss with verl's signature, registered with
+    ``verl.trainer.ppo.core_algos.register_policy_loss`` (``register_monitored_loss``). It calls the
+    wrapped loss (``vanilla`` by default) unchanged and logs token- and turn-level metrics from
+    ``old_log_prob``, ``log_prob``, ``advantages`` and ``response_mask`` (turns = contiguous runs of 1
+    in ``response_mask``: verl's agent loop marks LLM tokens 1 and tool/observation tokens 0). It runs
+    in each actor worker, so every rank writes its own partition. The richest path.
+(b) ``SorlTracking``: a tracking backend (``log(data, step)``, ``finish()``) for verl's ``Tracking``;
+    every ``data`` dict becomes one ``steps`` row, names mapped by ``names.VERL_NAMES``. verl's trainer
+    builds its ``Tracking`` inside ``fit()`` from a fixed list of backends, so ``install_tracking_backend``
+    adds this one to every ``Tracking`` a process creates.
+(c) ``ingest_verl_jsonl``: reads verl's ``file`` logger output (``{"step": N, "data": {...}}`` per
+    line), optionally following the file as it grows (``sorl ingest verl-jsonl FILE [--follow]``).
+
+Signatures looked up in verl's source: ``PolicyLossFn`` and ``register_policy_loss`` in
+``verl/trainer/ppo/core_algos.py``; the actor calls the loss with keywords (``dp_actor.update_policy``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import re
+import threading
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sorl_monitor.integrations.batches import TokenBatch, concat_batches, log_batch
+from sorl_monitor.integrations.names import TAP_MEASURED, VERL_NAMES, to_columns
+from sorl_monitor.monitor import Monitor, MonitorWarning
+
+VERL_LOSS_PARAMETERS = (
+    "old_log_prob",
+    "log_prob",
+    "advantages",
+    "response_mask",
+    "loss_agg_mode",
+    "config",
+    "rollout_is_weights",
+)
+"""The keywords verl's actor passes to a registered policy loss, in ``PolicyLossFn`` order."""
+_UNSAFE = re.compile(r"[^A-Za-z0-9._=+-]+")
+
+
+def config_value(config: Any, name: str, default: Any = None) -> Any:
+    """``config.name`` of a verl ``ActorConfig`` (a Mapping dataclass), an OmegaConf ``DictConfig`` or a dict."""
+    if config is None:
+        return default
+    value = getattr(config, name, None)
+    if value is None and isinstance(config, Mapping):
+        value = config.get(name)
+    return default if value is None else value
+
+
+def config_dict(config: Any) -> dict[str, Any]:
+    """A config as a plain dict for ``run.json`` (nested objects are written as text)."""
+    if config is None:
+        return {}
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    if isinstance(config, Mapping):
+        return {str(k): config[k] for k in config}
+    return {"config": str(config)}
+
+
+def micro_batches_per_update(config: Any) -> int:
+    """Micro-batches verl accumulates per optimizer step: ``ppo_mini_batch_size // ppo_micro_batch_size_per_gpu``.
+
+    As ``dp_actor`` computes ``gradient_accumulation``; 1 with ``use_dynamic_bsz`` (the count then varies).
+    """
+    mini = config_value(config, "ppo_mini_batch_size")
+    micro = config_value(config, "ppo_micro_batch_size_per_gpu")
+    if config_value(config, "use_dynamic_bsz", False) or not mini or not micro:
+        return 1
+    return max(1, int(mini) // int(micro))
+
+
+class MonitoredPolicyLoss:
+    """A verl policy loss that calls ``wrapped`` and logs one ``steps`` row per optimizer update.
+
+    Args:
+        wrapped: the loss to call: a registered verl loss name (looked up at the first call) or a
+            function with verl's policy-loss signature.
+        log_dir, run_name, monitor_kwargs: the ``Monitor`` built at the first call, in the worker
+            (``clip_eps``/``clip_eps_high`` default to the config's ``clip_ratio_low``/``clip_ratio_high``).
+        accumulate: micro-batches per update; default ``micro_batches_per_update(config)``.
+        monitor: log here instead of building one.
+    """
+
+    def __init__(
+        self,
+        wrapped: str | Callable[..., tuple[torch.Tensor, dict[str, Any]]] = "vanilla",
+        *,
+        log_dir: str | os.PathLike[str] = "runs",
+        run_name: str | None = None,
+        accumulate: int | None = None,
+        monitor: Monitor | None = None,
+        **monitor_kwargs: Any,
+    ) -> None:
+        self.wrapped = wrapped
+        self.log_dir = log_dir
+        self.run_name = run_name
+        self.accumulate = accumulate
+        self.monitor = monitor
+        self.monitor_kwargs = monitor_kwargs
+        self._batches: list[TokenBatch] = []
+        self._warned = False
+
+    def __call__(
+        self,
+        old_log_prob: torch.Tensor,
+        log_prob: torch.Tensor,
+        advantages: torch.Tensor,
+        response_mask: torch.Tensor,
+        loss_agg_mode: str = "token-mean",
+        config: Any = None,
+        rollout_is_weights: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        pg_loss, pg_metrics = self._loss_fn()(
+            old_log_prob=old_log_prob,
+            log_prob=log_prob,
+            advantages=advantages,
+            response_mask=response_mask,
+            loss_agg_mode=loss_agg_mode,
+            config=config,
+            rollout_is_weights=rollout_is_weights,
+        )
+        try:
+            self._record(old_log_prob, log_prob, advantages, response_mask, config, pg_loss, pg_metrics)
+        except Exception as error:  # noqa: BLE001 - monitoring must never break the update
+            if not self._warned:
+                self._warned = True
+                warnings.warn(
+                    f"sorl-monitor verl loss tap failed ({type(error).__name__}: {error}); training goes on",
+                    MonitorWarning,
+                    stacklevel=2,
+                )
+        return pg_loss, pg_metrics
+
+    def close(self) -> None:
+        """Log a partly accumulated update and close the monitor."""
+        if self.monitor is not None:
+            self._write()
+            self.monitor.close()
+
+    def _loss_fn(self) -> Callable[..., tuple[torch.Tensor, dict[str, Any]]]:
+        if isinstance(self.wrapped, str):
+            from verl.trainer.ppo.core_algos import get_policy_loss_fn
+
+            self.wrapped = get_policy_loss_fn(self.wrapped)
+        return self.wrapped
+
+    def _start(self, config: Any) -> Monitor:
+        clip = config_value(config, "clip_ratio", 0.2)
+        kwargs = {
+            "clip_eps": float(config_value(config, "clip_ratio_low", clip)),
+            "clip_eps_high": float(config_value(config, "clip_ratio_high", clip)),
+            "algorithm": "verl",
+            **self.monitor_kwargs,
+        }
+        return Monitor(self.log_dir, self.run_name, config_dict(config), **kwargs)
+
+    def _record(
+        self,
+        old_log_prob: torch.Tensor,
+        log_prob: torch.Tensor,
+        advantages: torch.Tensor,
+        response_mask: torch.Tensor,
+        config: Any,
+        pg_loss: torch.Tensor,
+        pg_metrics: Mapping[str, Any],
+    ) -> None:
+        if self.monitor is None:
+            self.monitor = self._start(config)
+        if self.accumulate is None:
+            self.accumulate = micro_batches_per_update(config)
+        metrics = to_columns(pg_metrics, VERL_NAMES)
+        metrics["pg_loss"] = float(pg_loss.detach())
+        self._batches.append(
+            TokenBatch.detached(
+                logp=log_prob,
+                old_logp=old_log_prob,
+                mask=response_mask,
+                advantages=advantages,
+                metrics={k: v for k, v in metrics.items() if isinstance(v, float)},
+            )
+        )
+        if len(self._batches) >= self.accumulate:
+            self._write()
+
+    def _write(self) -> None:
+        batches, self._batches = self._batches, []
+        if not batches or self.monitor is None:
+            return
+        batch = concat_batches(batches)
+        extra = {k: v for k, v in batch.metrics.items() if k not in TAP_MEASURED}
+        log_batch(self.monitor, batch, step=None, extra=extra)
+
+
+def register_monitored_loss(
+    name: str = "sorl", wrapped: str = "vanilla", **kwargs: Any
+) -> MonitoredPolicyLoss:
+    """Register ``MonitoredPolicyLoss(wrapped, **kwargs)`` as verl policy loss ``name`` (needs verl).
+
+    Then set ``actor_rollout_ref.actor.policy_loss.loss_mode=<name>``; import the module that calls
+    this in every worker, e.g. with ``VERL_USE_EXTERNAL_MODULES=<module>``.
+    """
+    from verl.trainer.ppo.core_algos import register_policy_loss
+
+    loss = MonitoredPolicyLoss(wrapped, **kwargs)
+    register_policy_loss(name)(loss)
+    return loss
+
+
+class SorlTracking:
+    """A verl tracking backend: ``log(data, step)`` writes one ``steps`` row; ``finish()`` closes the run.
+
+    Add it to verl's ``Tracking`` next to its own backends: ``tracking.logger["sorl"] = SorlTracking(...)``.
+    """
+
+    def __init__(
+        self,
+        log_dir: str | os.PathLike[str] = "runs",
+        run_name: str | None = None,
+        config: Any = None,
+        *,
+        monitor: Monitor | None = None,
+        names: Mapping[str, str] = VERL_NAMES,
+    ) -> None:
+        self.monitor = monitor or Monitor(log_dir, run_name, config_dict(config), algorithm="verl")
+        self.names = dict(names)
+
+    def log(self, data: Mapping[str, Any], step: int) -> None:
+        """One row at ``step`` from verl's metrics dict (never raises)."""
+        try:
+            self.monitor.log_scalars(int(step), to_columns(data, self.names))
+        except Exception as error:  # noqa: BLE001
+            warnings.warn(f"sorl-monitor: cannot log verl metrics ({error})", MonitorWarning, stacklevel=2)
+
+    def finish(self) -> None:
+        self.monitor.close()
+
+
+def safe_run_name(text: str, default: str = "verl") -> str:
+    """``text`` made a valid run name: runs of other characters become ``-`` (verl experiment names, file stems)."""
+    name = _UNSAFE.sub("-", text).lstrip("._=+-")[:128]
+    return name or default
+
+
+def install_tracking_backend(log_dir: str | os.PathLike[str] = "runs", run_name: str | None = None) -> None:
+    """Give every verl ``Tracking`` created from now on a ``"sorl"`` backend (``SorlTracking``; needs verl).
+
+    The run is named ``run_name`` or the experiment name. Call it in the driver process, e.g. from a
+    module listed in ``VERL_USE_EXTERNAL_MODULES``; calling it twice installs it once.
+    """
+    from verl.utils.tracking import Tracking
+
+    original = Tracking.__init__
+    if getattr(original, "sorl_backend", False):
+        return
+
+    @functools.wraps(original)
+    def init(
+        self: Any,
+        project_name: str,
+        experiment_name: str,
+        default_backend: Any = "console",
+        config: Any = None,
+    ) -> None:
+        original(self, project_name, experiment_name, default_backend, config)
+        try:
+            name = run_name or safe_run_name(str(experiment_name))
+            self.logger["sorl"] = SorlTracking(log_dir, name, config)
+        except Exception as error:  # noqa: BLE001 - never stop verl from starting
+            warnings.warn(f"sorl-monitor: no sorl tracking backend ({error})", MonitorWarning, stacklevel=2)
+
+    init.sorl_backend = True  # type: ignore[attr-defined]
+    Tracking.__init__ = init
+
+
+# ---------------------------------------------------------------------- (c) file-logger output
+FLUSH_EVERY_ROWS = 1000
+
+
+@dataclass
+class IngestReport:
+    """What one ``ingest_verl_jsonl`` did: lines read, rows written, lines skipped and why."""
+
+    lines: int = 0
+    rows: int = 0
+    already_ingested: int = 0
+    bad_lines: list[int] = field(default_factory=list)
+    first_error: str = ""
+
+
+def parse_record(line: bytes) -> tuple[int, dict[str, Any]]:
+    """``(step, data)`` of one file-logger line ``{"step": N, "data": {...}}``; ``ValueError`` if it is not one."""
+    try:
+        record = json.loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"not JSON ({error})") from None
+    if not isinstance(record, dict) or "data" not in record or "step" not in record:
+        raise ValueError('not a {"step": …, "data": {…}} record')
+    step, data = record["step"], record["data"]
+    if isinstance(step, bool) or not isinstance(step, int) or not isinstance(data, dict):
+        raise ValueError("step must be an integer and data an object")
+    if not 0 <= step < 2**63:
+        raise ValueError(f"step {step} is outside 0 … 2^63 − 1")
+    return step, data
+
+
+def ingest_verl_jsonl(
+    path: str | os.PathLike[str],
+    monitor: Monitor,
+    *,
+    after_step: int = -1,
+    follow: bool = False,
+    idle_timeout_s: float | None = None,
+    poll_s: float = 0.5,
+    stop: threading.Event | None = None,
+    names: Mapping[str, str] = VERL_NAMES,
+) -> IngestReport:
+    """Write each record of verl's file-logger output with ``step > after_step`` as one ``steps`` row.
+
+    With ``follow``, keep reading as the file grows (an incomplete last line waits for its end; a file
+    that shrinks — verl reopens it with ``"wb"`` on restart — is read again from the start, steps
+    already written skipped) until ``stop`` is set or nothing new arrives for ``idle_timeout_s``.
+    Rows are flushed after each read, so a follower's rows reach disk as they come.
+    """
+    report = IngestReport()
+    last_step = after_step
+    position = 0
+    line_number = 0
+    idle_since = time.monotonic()
+    pending = b""
+    with open(path, "rb") as handle:
+        while True:
+            if Path(path).stat().st_size < position:  # truncated and rewritten: start over
+                handle.seek(0)
+                position, line_number, pending = 0, 0, b""
+            chunk = handle.read(1 << 20)
+            position += len(chunk)
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            if not follow and not chunk and pending.strip():
+                lines, pending = [pending], b""  # the last line has no newline: it is complete
+            for line in lines:
+                line_number += 1
+                if not line.strip():
+                    continue
+                report.lines += 1
+                try:
+                    step, data = parse_record(line)
+                except ValueError as error:
+                    report.bad_lines.append(line_number)
+                    report.first_error = report.first_error or f"line {line_number}: {error}"
+                    continue
+                if step <= last_step:
+                    report.already_ingested += 1
+                    continue
+                monitor.log_scalars(step, to_columns(data, names))
+                last_step = step
+                report.rows += 1
+                if report.rows % FLUSH_EVERY_ROWS == 0:
+                    monitor.flush()  # back-pressure: a long file never overflows the writer's queue
+            if lines:
+                monitor.flush()
+                idle_since = time.monotonic()
+            if chunk:
+                continue
+            if not follow or (stop is not None and stop.is_set()):
+                return report
+            if idle_timeout_s is not None and time.monotonic() - idle_since > idle_timeout_s:
+                return report
+            time.sleep(poll_s)

@@ -1,0 +1,135 @@
+"""Every snippet of docs/attach.md runs, with a tiny model on CPU standing in for the reader's."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import torch
+from datasets import Dataset
+from transformers import Trainer, TrainingArguments
+from typer.testing import CliRunner
+
+from cli.main import app
+from sorl_monitor import Monitor
+from sorl_monitor.query import open_runs
+from tests.integrations.test_verl_logs import record
+from tests.integrations.test_verl_loss import call_as_verl_actor, micro_batch
+from tests.integrations.tiny import TokenSequences, char_tokenizer, save_tiny_qwen2, tiny_qwen2
+from tests.integrations.verl_reference import ActorConfigStandIn
+from tests.reliability.test_nonfinite import NanAfterTwoSteps
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "attach.md"
+SNIPPET = re.compile(r"<!-- test: ([\w-]+) -->\n```(\w+)\n(.*?)```", re.DOTALL)
+
+
+def snippets() -> dict[str, str]:
+    return {name: code for name, _, code in SNIPPET.findall(DOC.read_text())}
+
+
+def steps(run_dir: Path) -> list[dict]:
+    with open_runs(run_dir) as runs:
+        return runs.sql("SELECT * FROM steps ORDER BY step").to_pylist()
+
+
+@pytest.fixture(autouse=True)
+def in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+
+
+def trainer_args(tmp_path, **overrides) -> TrainingArguments:
+    settings = {"max_steps": 3, "logging_steps": 1, "per_device_train_batch_size": 4, "report_to": [],
+                "use_cpu": True, "save_strategy": "no", "disable_tqdm": True, **overrides}  # fmt: skip
+    return TrainingArguments(output_dir=str(tmp_path / "out"), **settings)
+
+
+def test_every_marked_snippet_is_tested():
+    assert set(snippets()) == {"hf", "hf-stop", "trl", "verl-loss", "verl-tracking", "ingest-cli", "ranks"}
+
+
+def test_hf_snippets_monitor_a_trainer_and_stop_it_on_a_critical_alert(tmp_path):
+    namespace = {"Trainer": Trainer, "model": tiny_qwen2(), "args": trainer_args(tmp_path),
+                 "train_dataset": TokenSequences()}  # fmt: skip
+    exec(snippets()["hf"], namespace)
+    assert [row["step"] for row in steps(tmp_path / "runs" / "sft-1")] == [1, 2, 3]
+    exec(snippets()["hf-stop"], namespace)
+    stopping = Trainer(
+        model=NanAfterTwoSteps(), args=trainer_args(tmp_path, max_steps=8, logging_nan_inf_filter=False),
+        train_dataset=TokenSequences(), callbacks=[namespace["callback"]],
+    )  # fmt: skip
+    stopping.train()
+    assert stopping.state.global_step == 3
+
+
+@pytest.mark.slow
+def test_trl_snippet_logs_token_metrics_of_a_grpo_run(tmp_path):
+    pytest.importorskip("trl")
+    from trl import GRPOConfig
+
+    grpo_args = GRPOConfig(
+        output_dir=str(tmp_path / "out"), max_steps=2, logging_steps=1, per_device_train_batch_size=4,
+        num_generations=4, max_completion_length=6, report_to=[], use_cpu=True, save_strategy="no",
+        disable_tqdm=True,
+    )  # fmt: skip
+    namespace = {
+        "model_path": str(save_tiny_qwen2(tmp_path / "model")),
+        "reward": lambda completions, **kwargs: [float(len(c)) for c in completions],
+        "grpo_args": grpo_args,
+        "prompts": Dataset.from_dict({"prompt": ["abc", "hello"] * 4}),
+        "tokenizer": char_tokenizer(),
+    }
+    exec(snippets()["trl"], namespace)
+    rows = steps(tmp_path / "runs" / "grpo-1")
+    assert [r["step"] for r in rows] == [1, 2] and all(r["ratio_mean"] is not None for r in rows)
+
+
+def test_verl_loss_snippet_registers_a_loss_verls_actor_can_call(tmp_path, verl_modules_installed):
+    exec(snippets()["verl-loss"], {})
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+
+    loss = get_policy_loss_fn("sorl")
+    for seed in range(4):  # two optimizer steps of two micro-batches
+        call_as_verl_actor(loss, micro_batch(seed, 10), ActorConfigStandIn())
+    loss.close()
+    assert [r["step"] for r in steps(tmp_path / "runs" / "exp1-actor")] == [0, 1]
+
+
+def test_verl_tracking_snippet_adds_the_backend(tmp_path, verl_modules_installed):
+    from verl.utils.tracking import Tracking
+
+    namespace = {"tracking": Tracking("proj", "exp1", default_backend=[])}
+    exec(snippets()["verl-tracking"], namespace)
+    namespace["tracking"].log(data={"actor/pg_clipfrac": 0.25}, step=1)
+    later = Tracking("proj", "exp2", default_backend=[])
+    later.log(data={"critic/score/mean": 0.5}, step=1)
+    namespace["tracking"].logger["sorl"].finish()
+    later.logger["sorl"].finish()
+    assert steps(tmp_path / "runs" / "exp1-driver")[0]["clip_frac_active"] == 0.25
+    assert steps(tmp_path / "runs" / "exp2")[0]["reward_mean"] == 0.5
+
+
+def test_ingest_commands_run_as_written(tmp_path):
+    Path("exp1.jsonl").write_bytes(b"".join(record(step) for step in (1, 2, 3)))
+    for line in snippets()["ingest-cli"].strip().splitlines():
+        args = shlex.split(line.replace("--idle-timeout 600", "--idle-timeout 0.2"))  # a finished file
+        assert args[0] == "sorl"
+        result = CliRunner().invoke(app, args[1:])
+        assert result.exit_code == 0, result.output
+    assert [r["step"] for r in steps(tmp_path / "runs" / "exp1")] == [1, 2, 3]
+
+
+def test_ranks_snippet_aggregates_a_two_rank_run(tmp_path):
+    for rank, noise in ((0, 0.05), (1, 0.5)):
+        with Monitor("runs", "dp", rank=rank, world_size=2, flush_interval_s=0.05) as mon:
+            for step in range(3):
+                logp = -torch.rand(2, 8)
+                mon.log_update(
+                    logp=logp, old_logp=logp + noise * torch.randn(2, 8), mask=torch.ones(2, 8), step=step
+                )
+    namespace: dict = {}
+    exec(snippets()["ranks"], namespace)
+    assert namespace["per_step"].num_rows == 3
+    skew = {r["rank"]: r["mean_skew"] for r in namespace["per_rank"].to_pylist()}
+    assert skew[1] > 0 > skew[0]

@@ -1,0 +1,183 @@
+"""The verl policy-loss wrapper, called as verl's actor calls a registered loss (verl need not be installed)."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sorl_monitor import MonitorWarning
+from sorl_monitor.integrations.verl import VERL_LOSS_PARAMETERS, MonitoredPolicyLoss, register_monitored_loss
+from sorl_monitor.query import open_runs
+from tests.integrations.verl_reference import ActorConfigStandIn, compute_policy_loss_vanilla
+
+TURN_PATTERN = [1, 1, 1, 0, 0, 1, 1, 0, 1, 1]  # LLM tokens 1, tool/observation tokens 0 (verl's agent loop)
+
+
+def micro_batch(seed: int, length: int, rows: int = 2) -> dict[str, torch.Tensor]:
+    """Synthetic tensors shaped as verl's actor hands them to the loss: all (rows, length)."""
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(rows, length, generator=g) * 3
+    mask = torch.tensor((TURN_PATTERN * 2)[:length], dtype=torch.float32).repeat(rows, 1)
+    advantage = torch.randn(rows, 1, generator=g).expand(rows, length)
+    return {
+        "old_log_prob": old,
+        "log_prob": old + 0.8 * torch.randn(rows, length, generator=g),
+        "advantages": advantage.contiguous(),
+        "response_mask": mask,
+    }
+
+
+def call_as_verl_actor(loss, batch, config):
+    """Keyword call, as ``dp_actor.update_policy`` makes it."""
+    return loss(**batch, loss_agg_mode="token-mean", config=config, rollout_is_weights=None)
+
+
+def rows(log_dir, sql: str):
+    with open_runs(log_dir) as runs:
+        return runs.sql(sql).to_pylist()
+
+
+def test_the_wrapper_has_verls_policy_loss_signature():
+    wrapper = inspect.signature(MonitoredPolicyLoss.__call__)
+    reference = inspect.signature(compute_policy_loss_vanilla)
+    assert tuple(wrapper.parameters)[1:] == tuple(reference.parameters) == VERL_LOSS_PARAMETERS
+    for name in ("loss_agg_mode", "config", "rollout_is_weights"):
+        assert wrapper.parameters[name].default == reference.parameters[name].default
+
+
+def test_the_wrapped_loss_and_its_metrics_come_back_unchanged(tmp_path):
+    batch, config = micro_batch(0, 10), ActorConfigStandIn()
+    loss = MonitoredPolicyLoss(compute_policy_loss_vanilla, log_dir=tmp_path, run_name="same")
+    got_loss, got_metrics = call_as_verl_actor(loss, batch, config)
+    want_loss, want_metrics = call_as_verl_actor(compute_policy_loss_vanilla, batch, config)
+    loss.close()
+    assert torch.equal(got_loss, want_loss) and got_metrics == want_metrics
+
+
+def test_micro_batches_of_one_optimizer_step_become_one_row(tmp_path):
+    config = ActorConfigStandIn(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2)
+    loss = MonitoredPolicyLoss(
+        compute_policy_loss_vanilla, log_dir=tmp_path, run_name="acc", flush_interval_s=0.05
+    )
+    batches = [micro_batch(seed, length) for seed, length in enumerate([10, 14, 12, 10, 14, 12])]
+    for batch in batches:
+        call_as_verl_actor(loss, batch, config)
+    loss.close()
+    steps = rows(
+        tmp_path,
+        "SELECT step, n_tokens, clip_frac_active, kl_old_k1, dual_clip_frac FROM steps ORDER BY step",
+    )
+    assert [r["step"] for r in steps] == [0, 1, 2]
+    for row, pair in zip(steps, zip(batches[::2], batches[1::2], strict=True), strict=True):
+        width = max(b["log_prob"].shape[1] for b in pair)
+        joined = {k: torch.cat([F.pad(b[k], (0, width - b[k].shape[1])) for b in pair]) for k in pair[0]}
+        _, whole = compute_policy_loss_vanilla(**joined, config=config)
+        assert row["n_tokens"] == sum(b["response_mask"].sum().item() for b in pair)
+        assert row["clip_frac_active"] == pytest.approx(whole["actor/pg_clipfrac"], abs=1e-6)
+        assert row["kl_old_k1"] == pytest.approx(whole["actor/ppo_kl"], abs=1e-6)
+        per_micro = [
+            compute_policy_loss_vanilla(**b, config=config)[1]["actor/pg_clipfrac_lower"] for b in pair
+        ]
+        assert row["dual_clip_frac"] == pytest.approx(sum(per_micro) / 2)
+
+
+def test_synthetic_dual_clip_fraction_counts_ratios_above_clip_ratio_c_on_negative_advantages(tmp_path):
+    old = torch.zeros(1, 4)
+    batch = {
+        "old_log_prob": old,
+        "log_prob": torch.log(torch.tensor([[4.0, 4.0, 0.5, 1.0]])),
+        "advantages": torch.tensor([[-1.0, 1.0, -1.0, -1.0]]),
+        "response_mask": torch.ones(1, 4),
+    }
+    loss = MonitoredPolicyLoss(compute_policy_loss_vanilla, log_dir=tmp_path, run_name="dual", accumulate=1)
+    call_as_verl_actor(loss, batch, ActorConfigStandIn(clip_ratio_c=3.0))
+    loss.close()
+    row = rows(tmp_path, "SELECT dual_clip_frac, clip_frac_low, clip_frac_high FROM steps")[0]
+    assert row == {"dual_clip_frac": 0.25, "clip_frac_low": 0.25, "clip_frac_high": 0.5}
+
+
+def test_turns_are_the_runs_of_ones_in_response_mask(tmp_path):
+    loss = MonitoredPolicyLoss(compute_policy_loss_vanilla, log_dir=tmp_path, run_name="agent", accumulate=1)
+    call_as_verl_actor(loss, micro_batch(3, 10), ActorConfigStandIn())
+    loss.close()
+    turns = rows(tmp_path, "SELECT sample_id, turn_idx, n_tokens FROM turns ORDER BY sample_id, turn_idx")
+    assert [(r["sample_id"], r["turn_idx"], r["n_tokens"]) for r in turns] == [
+        (sample, turn, size) for sample in (0, 1) for turn, size in enumerate([3, 2, 2])
+    ]
+
+
+def test_clip_bounds_come_from_the_actor_config(tmp_path):
+    batch = {
+        "old_log_prob": torch.zeros(1, 4),
+        "log_prob": torch.log(torch.tensor([[0.85, 1.15, 1.25, 1.35]])),
+        "advantages": torch.ones(1, 4),
+        "response_mask": torch.ones(1, 4),
+    }
+    config = ActorConfigStandIn(clip_ratio_low=0.1, clip_ratio_high=0.3)
+    loss = MonitoredPolicyLoss(compute_policy_loss_vanilla, log_dir=tmp_path, run_name="eps", accumulate=1)
+    call_as_verl_actor(loss, batch, config)
+    loss.close()
+    row = rows(tmp_path, "SELECT clip_frac_low, clip_frac_high FROM steps")[0]
+    assert row == {"clip_frac_low": 0.25, "clip_frac_high": 0.25}
+
+
+def test_dynamic_batch_size_logs_each_micro_batch_as_its_own_update(tmp_path):
+    config = ActorConfigStandIn(use_dynamic_bsz=True, ppo_micro_batch_size_per_gpu=None)
+    loss = MonitoredPolicyLoss(compute_policy_loss_vanilla, log_dir=tmp_path, run_name="dyn")
+    for seed in range(3):
+        call_as_verl_actor(loss, micro_batch(seed, 10), config)
+    loss.close()
+    assert len(rows(tmp_path, "SELECT step FROM steps")) == 3
+
+
+def test_a_tap_failure_warns_once_and_the_loss_still_comes_back(tmp_path):
+    def per_sample_loss(
+        old_log_prob,
+        log_prob,
+        advantages,
+        response_mask,
+        loss_agg_mode="token-mean",
+        config=None,
+        rollout_is_weights=None,
+    ):
+        return -(advantages * response_mask).sum(-1), {}  # a vector: the tap cannot read it as pg_loss
+
+    loss = MonitoredPolicyLoss(per_sample_loss, log_dir=tmp_path, run_name="tapfail", accumulate=1)
+    with pytest.warns(MonitorWarning, match="verl loss tap failed"):
+        value, _ = call_as_verl_actor(loss, micro_batch(0, 10), ActorConfigStandIn())
+    call_as_verl_actor(loss, micro_batch(1, 10), ActorConfigStandIn())
+    loss.close()
+    assert value.shape == (2,)
+
+
+def test_registered_with_real_verl_when_it_is_installed(tmp_path):
+    pytest.importorskip(
+        "verl", reason="verl is not installed (optional; the tests above use verl's signature)"
+    )
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+    from verl.workers.config import ActorConfig
+
+    registered = register_monitored_loss(
+        "sorl_test", "vanilla", log_dir=tmp_path, run_name="real", accumulate=1
+    )
+    assert get_policy_loss_fn("sorl_test") is registered
+    config = ActorConfig(strategy="fsdp", ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2)
+    call_as_verl_actor(get_policy_loss_fn("sorl_test"), micro_batch(0, 10), config)
+    registered.close()
+    assert rows(tmp_path, "SELECT count(*) AS n FROM steps") == [{"n": 1}]
+
+
+def test_register_monitored_loss_puts_the_wrapper_in_verls_registry(tmp_path, verl_modules_installed):
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+
+    registered = register_monitored_loss("sorl_registry_test", "vanilla", log_dir=tmp_path, run_name="reg")
+    assert get_policy_loss_fn("sorl_registry_test") is registered
+    for seed in range(2):  # one optimizer step of 2 micro-batches (mini 4 / micro 2)
+        call_as_verl_actor(
+            get_policy_loss_fn("sorl_registry_test"), micro_batch(seed, 10), ActorConfigStandIn()
+        )
+    registered.close()
+    assert rows(tmp_path, "SELECT count(*) AS n FROM steps") == [{"n": 1}]
