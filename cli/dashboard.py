@@ -1,0 +1,112 @@
+"""``sorl dashboard LOG_DIR``: the live Streamlit dashboard over a log folder (127.0.0.1 unless told otherwise).
+
+Runs ``streamlit run dashboard/app.py`` headless, without usage statistics, with error details kept in
+the server log (the page shows one-line messages). The log folder and settings reach the app through
+the environment (``dashboard.common``).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+import dashboard
+from cli.common import err_console, fail, user_errors
+from dashboard.common import CONFIG_ENV, LOG_DIR_ENV, OVERRIDES_ENV, REFRESH_ENV
+from sorl_monitor.detectors import load_config, preset_path
+
+APP = Path(dashboard.__file__).resolve().parent / "app.py"
+
+
+def streamlit_command(host: str, port: int) -> list[str]:
+    """The ``streamlit run`` command line of the dashboard app."""
+    return [
+        sys.executable, "-m", "streamlit", "run", str(APP),
+        "--server.address", host, "--server.port", str(port), "--server.headless", "true",
+        "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
+        "--server.runOnSave", "false", "--client.showErrorDetails", "none", "--client.toolbarMode", "minimal",
+        "--global.developmentMode", "false",
+    ]  # fmt: skip
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """True if something already listens on ``host:port`` (binding there fails)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@user_errors
+def dashboard_command(
+    log_dir: Annotated[
+        Path, typer.Argument(help="The folder your Monitor writes runs to (or one run folder).")
+    ],
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to serve on.")] = 8501,
+    host: Annotated[
+        str, typer.Option(help="Address to bind; 127.0.0.1 keeps the dashboard on this machine.")
+    ] = "127.0.0.1",
+    refresh: Annotated[
+        float, typer.Option(min=0.5, help="Seconds between live redraws of a run being written.")
+    ] = 2.0,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config", help="TOML file of detector settings or a preset name (as for sorl postmortem)."
+        ),
+    ] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Override one detector setting: name=value (repeatable)."),
+    ] = None,
+) -> None:
+    """Start the live dashboard on LOG_DIR: curves, turns, gradients, alerts and verdict, read-only SQL."""
+    if not log_dir.exists():
+        fail(f"no such folder: {log_dir} (give the log_dir your Monitor writes to)")
+    if not log_dir.is_dir():
+        fail(f"not a folder: {log_dir} (give the log_dir your Monitor writes to)")
+    load_config(config, set_ or ())
+    try:
+        socket.getaddrinfo(host, port)
+    except socket.gaierror:
+        fail(f"cannot resolve host {host!r}")
+    if port_in_use(host, port):
+        fail(f"port {port} on {host} is in use (or not yours to bind); pick another with --port")
+    if not is_loopback(host):
+        err_console.print(
+            f"warning: serving on {host}: anyone who can reach it can read these runs (there is no login)"
+        )
+    env = {
+        **os.environ,
+        LOG_DIR_ENV: str(log_dir.resolve()),
+        REFRESH_ENV: str(refresh),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(APP.parents[1]), os.environ.get("PYTHONPATH")])),
+    }
+    if config is not None:
+        env[CONFIG_ENV] = str(
+            config.resolve() if config.exists() else (preset_path(str(config)) or config.resolve())
+        )
+    if set_:
+        env[OVERRIDES_ENV] = "\n".join(set_)
+    err_console.print(f"sorl dashboard: http://{host}:{port} (Ctrl-C to stop)")
+    command = streamlit_command(host, port)
+    os.execve(command[0], command, env)

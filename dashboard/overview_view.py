@@ -1,0 +1,74 @@
+"""Overview tab: per-step curves of the selected runs, overlaid, redrawn live; the sidebar's run status."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import streamlit as st
+
+from dashboard import common
+from sorl_monitor.dashboard_data import LiveRuns, RunInfo
+from sorl_monitor.views import overview_figure
+
+LEGEND = (
+    "Markers: ▲ warning, ✕ critical alert (first of each streak; hover for the detector). "
+    "Green bands: CTN on. Red dashed line: collapse (mean reward below half its peak for good). "
+    "Long runs are drawn with each bucket's min and max, so spikes stay visible."
+)
+
+
+def render(live: LiveRuns, run_ids: Sequence[str], refresh_s: float | None) -> None:
+    common.live_fragment(refresh_s, _overview, live, list(run_ids))
+
+
+def _overview(live: LiveRuns, run_ids: list[str]) -> None:
+    with common.shown_errors("the overview"):
+        live.refresh()
+        ready = []
+        for run_id in run_ids:
+            info = live.run_info(run_id)
+            st.markdown(status_line(run_id, info))
+            message = common.starting_message(live, run_id)
+            if message:
+                st.info(message)
+            else:
+                ready.append(run_id)
+        if not ready:
+            return
+        figure = overview_figure([live.curves(run_id) for run_id in ready])
+        st.plotly_chart(figure, key="overview-chart", config={"displaylogo": False})
+        st.caption(LEGEND)
+
+
+def status_line(run_id: str, info: RunInfo | None) -> str:
+    """``**run** · algorithm · status · step N · reward R · last write S s ago`` (markdown)."""
+    if info is None:
+        return f"**{run_id}** · gone"
+    parts = [f"**{run_id}**", info.algorithm or "algorithm ?", info.status]
+    if info.collapse_step is not None:
+        parts.append(f":red[collapsed at step {info.collapse_step}]")
+    parts.append("no update yet" if info.last_step is None else f"step {info.last_step}")
+    if info.last_reward is not None:
+        parts.append(f"reward {info.last_reward:.3g}")
+    if info.idle_s is not None:
+        parts.append(f"last write {info.idle_s:.0f} s ago")
+    return " · ".join(parts)
+
+
+def run_status(live: LiveRuns, known: list[str]) -> None:
+    """Sidebar: each run's status and last step; reruns the page when a new run appears."""
+    with common.shown_errors("the run list"):
+        live.refresh()
+        infos = live.run_infos()
+        if [info.run_id for info in infos] != known:
+            st.rerun()
+        st.caption("\n\n".join(info.label for info in infos) + f"\n\nchecked {time.strftime('%H:%M:%S')}")
+
+
+def wait_for_runs(live: LiveRuns, problem: str | None) -> None:
+    """Shown while the log folder is missing or empty: the reason, then a full rerun once runs appear."""
+    live.refresh()
+    if live.problem is None and live.run_ids():
+        st.rerun()
+    st.info(live.problem or problem or f"No runs in {live.log_dir} yet.")

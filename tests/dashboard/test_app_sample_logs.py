@@ -1,0 +1,56 @@
+"""Every dashboard view on the committed REAL runs of the bundled trainer (``sample_logs/``), via ``AppTest``.
+
+Skipped until the trainer's ``sample_logs/`` is on this branch. No run name is assumed: each run found
+is opened in each view; a collapsed run must show its collapse step and the verdict's root cause.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from sorl_monitor.postmortem import label_collapse
+from sorl_monitor.query import open_runs
+from tests.dashboard.conftest import open_app, page_text
+
+SAMPLE_LOGS = Path(__file__).resolve().parents[2] / "sample_logs"
+VIEWS = ("Overview", "Turns", "Gradients", "Alerts & verdict")
+pytestmark = pytest.mark.skipif(
+    not SAMPLE_LOGS.is_dir(),
+    reason="sample_logs/ (the bundled trainer's real runs) is not on this branch yet",
+)
+
+
+def collapse_steps() -> dict[str, int | None]:
+    if not SAMPLE_LOGS.is_dir():
+        return {}
+    with open_runs(SAMPLE_LOGS) as runs:
+        return {row["run_id"]: row["collapse_step"] for row in label_collapse(runs).to_pylist()}
+
+
+@pytest.mark.parametrize("view", VIEWS)
+def test_every_sample_run_renders_in_each_view_without_an_error(monkeypatch, view):
+    runs = collapse_steps()
+    assert runs, "sample_logs/ holds no run with steps"
+    for run_id in runs:
+        app = open_app(monkeypatch, SAMPLE_LOGS, view=view, runs=[run_id])
+        assert not app.exception, (run_id, [e.value for e in app.exception])
+        assert not app.error, (run_id, [e.value for e in app.error])
+
+
+def test_a_collapsed_sample_run_shows_its_collapse_and_root_cause(monkeypatch):
+    collapsed = {run_id: step for run_id, step in collapse_steps().items() if step is not None}
+    if not collapsed:
+        pytest.skip("no collapsed run in sample_logs/")
+    run_id, step = next(iter(collapsed.items()))
+    overview = open_app(monkeypatch, SAMPLE_LOGS, runs=[run_id])
+    assert f"collapsed at step {step}" in page_text(overview)
+    alerts = open_app(monkeypatch, SAMPLE_LOGS, view="Alerts & verdict", runs=[run_id])
+    deadline = time.monotonic() + 120
+    while "Computing the post-mortem" in page_text(alerts) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        alerts.run()
+    assert "[**Root cause:" in page_text(alerts)
+    assert alerts.metric[0].value == f"step {step}"

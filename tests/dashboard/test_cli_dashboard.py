@@ -1,0 +1,108 @@
+"""``sorl dashboard``: the streamlit command it runs, and one-line errors (exit 2) for user mistakes."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from typer.testing import CliRunner
+
+from cli import dashboard as dashboard_cli
+from cli.main import app
+from dashboard.common import CONFIG_ENV, LOG_DIR_ENV, OVERRIDES_ENV, REFRESH_ENV
+
+runner = CliRunner()
+
+
+class Launched(Exception):
+    """Raised by the stand-in for ``os.execve``: the command and environment it was given."""
+
+    def __init__(self, command: list[str], env: dict[str, str]) -> None:
+        super().__init__("launched")
+        self.command, self.env = command, env
+
+
+@pytest.fixture
+def launch(monkeypatch):
+    """Run ``sorl dashboard ARGS`` up to the point where it would start Streamlit; return that launch."""
+
+    def fake_execve(path: str, command: list[str], env: dict[str, str]) -> None:
+        raise Launched(command, env)
+
+    monkeypatch.setattr(dashboard_cli.os, "execve", fake_execve)
+
+    def run(*args: str) -> Launched:
+        result = runner.invoke(app, ["dashboard", *map(str, args)])
+        assert isinstance(result.exception, Launched), result.output
+        return result.exception
+
+    return run
+
+
+def option(command: list[str], name: str) -> str:
+    return command[command.index(name) + 1]
+
+
+def test_dashboard_binds_localhost_headless_without_usage_stats_by_default(launch, tmp_path):
+    launched = launch(tmp_path, "--port", free_port())
+    command = launched.command
+    assert command[1:4] == ["-m", "streamlit", "run"]
+    assert command[4].endswith("dashboard/app.py")
+    assert option(command, "--server.address") == "127.0.0.1"
+    assert option(command, "--server.headless") == "true"
+    assert option(command, "--browser.gatherUsageStats") == "false"
+    assert option(command, "--client.showErrorDetails") == "none"
+
+
+def test_dashboard_passes_the_log_folder_and_settings_to_the_app(launch, tmp_path):
+    config = tmp_path / "detectors.toml"
+    config.write_text("clip_frac_severe = 0.4\n")
+    port = free_port()
+    launched = launch(
+        tmp_path, "--port", port, "--refresh", "5", "--config", config, "--set", "kl_spike_warning=3"
+    )
+    assert option(launched.command, "--server.port") == str(port)
+    assert launched.env[LOG_DIR_ENV] == str(tmp_path.resolve())
+    assert launched.env[REFRESH_ENV] == "5.0"
+    assert launched.env[CONFIG_ENV] == str(config.resolve())
+    assert launched.env[OVERRIDES_ENV] == "kl_spike_warning=3"
+
+
+def test_a_missing_log_folder_is_a_one_line_error(tmp_path):
+    result = runner.invoke(app, ["dashboard", str(tmp_path / "nowhere")])
+    assert result.exit_code == 2
+    assert "no such folder" in result.output
+
+
+def test_a_file_instead_of_a_log_folder_is_a_one_line_error(tmp_path):
+    (tmp_path / "run.json").write_text("{}")
+    result = runner.invoke(app, ["dashboard", str(tmp_path / "run.json")])
+    assert result.exit_code == 2
+    assert "not a folder" in result.output
+
+
+def test_a_port_in_use_is_a_one_line_error(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = runner.invoke(app, ["dashboard", str(tmp_path), "--port", str(port)])
+    assert result.exit_code == 2
+    assert f"port {port} on 127.0.0.1 is in use" in result.output
+
+
+def test_a_bad_detector_setting_is_a_one_line_error(tmp_path):
+    result = runner.invoke(app, ["dashboard", str(tmp_path), "--set", "no_such_setting=1"])
+    assert result.exit_code == 2
+    assert "no_such_setting" in result.output
+
+
+def test_an_out_of_range_port_is_refused(tmp_path):
+    result = runner.invoke(app, ["dashboard", str(tmp_path), "--port", "70000"])
+    assert result.exit_code == 2
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
