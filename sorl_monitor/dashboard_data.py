@@ -26,6 +26,7 @@ import concurrent.futures
 import contextlib
 import json
 import math
+import os
 import threading
 import time
 import warnings
@@ -41,7 +42,7 @@ import pyarrow.compute as pc
 
 from sorl_monitor.detectors import ALERT_COLUMNS, ArrowDetector, DetectorConfig, detect_params, with_columns
 from sorl_monitor.postmortem import COLLAPSE_SQL, Verdict, postmortem
-from sorl_monitor.query import STALE_AFTER_S, CorruptPartWarning, QueryError, RunSet, open_runs
+from sorl_monitor.query import READ_ATTEMPTS, STALE_AFTER_S, CorruptPartWarning, QueryError, RunSet, open_runs
 from sorl_monitor.report import alert_onsets, ctn_spans
 from sorl_monitor.schema import SCHEMAS
 
@@ -371,6 +372,8 @@ class LiveRuns:
         for path in files:
             if self._ingest(cache, table, [path]):
                 changed = True
+            elif not os.path.exists(path):
+                continue  # compacted away since it was listed: the next listing holds the merged part
             else:
                 warnings.warn(f"skipping unreadable part {path}", CorruptPartWarning, stacklevel=2)
                 cache.read.add(path)
@@ -482,13 +485,30 @@ class LiveRuns:
             self._con.unregister("cells")
 
     def turns_at(self, run_id: str, step: int) -> pa.Table:
-        """The raw ``turns`` rows of one step, read from the parts whose step range holds it."""
+        """The raw ``turns`` rows of one step, read from the parts whose step range holds it.
+
+        A live writer may have compacted those parts since they were listed: then the parts are listed
+        again (the compacted part replaces them) and the read is retried.
+        """
         with self._lock:
             cache = self._wanted(run_id, "turns")
-            files = [p.path for p in cache.turn_parts if p.step_min <= step <= p.step_max]
-            if not files:
-                return SCHEMAS["turns"].empty_table()
-            return self._arrow(TURNS_AT_SQL, {"files": files, "step": step})
+            for attempt in range(READ_ATTEMPTS):
+                files = [p.path for p in cache.turn_parts if p.step_min <= step <= p.step_max]
+                if not files:
+                    return SCHEMAS["turns"].empty_table()
+                try:
+                    return self._arrow(TURNS_AT_SQL, {"files": files, "step": step})
+                except duckdb.IOException:
+                    if attempt == READ_ATTEMPTS - 1 or all(os.path.exists(f) for f in files):
+                        raise
+                    self._relist(cache, "turns")
+            raise AssertionError("unreachable")
+
+    def _relist(self, cache: _RunCache, table: str) -> None:
+        """List the run's parts again now (not throttled) and read what changed in ``table``."""
+        assert self.run_set is not None
+        self.run_set.refresh()
+        self._read_new_parts(cache, table)
 
     def modules(self, run_id: str) -> pa.Table:
         """``step, rank, module, grad_norm, param_norm`` rows (empty when ``Monitor.watch`` was not used)."""

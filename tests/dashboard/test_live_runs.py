@@ -298,3 +298,22 @@ def test_parts_compacted_after_they_were_read_are_not_counted_twice(tmp_path):
     assert live.steps("live").num_rows == 5
     assert sorted(live.steps("live").column("step").to_pylist()) == list(range(5))
 
+
+def test_turns_at_a_step_whose_parts_were_compacted_since_the_last_refresh_rereads_them(tmp_path):
+    with Monitor(tmp_path, "live", flush_interval_s=0.05) as mon:
+        log_updates(mon, 3)
+        live = fresh(tmp_path)
+        assert live.turn_cells("live").num_rows == 3 * 3
+        log_updates(mon, 2, seed=1)
+        live.refresh(force=True)
+        assert live.turn_cells("live").num_rows == 5 * 3
+        assert len(list((tmp_path / "live" / "turns" / "rank=0").iterdir())) >= 2
+    # closing compacted the turn parts into one: every part `live` listed is gone, and no refresh ran
+    parts = list((tmp_path / "live" / "turns" / "rank=0").iterdir())
+    assert len(parts) == 1 and parts[0].name.count("-") == 2, parts
+
+    rows = live.turns_at("live", 1)
+
+    assert rows.num_rows == 4 * 3
+    assert set(rows.column("step").to_pylist()) == {1}
+    assert live.skipped_parts == []
