@@ -132,6 +132,30 @@ def ctn_spans(
     return spans
 
 
+def step_shapes(
+    spans: Sequence[tuple[int, int]],
+    collapse_step: int | None,
+    *,
+    span_color: str,
+    collapse_line: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """CTN-on spans (shaded bands) and the collapse step (a line) as layout shapes over the whole height.
+
+    One shape per mark on the shared step axis (``xref="x"``, ``yref="paper"``), set with one
+    ``update_layout(shapes=...)``: plotly's ``add_vrect(row="all")`` adds one shape per panel and
+    re-validates every shape at each call, which took seconds on a run with a few CTN switches.
+    """
+    shapes: list[dict[str, Any]] = [
+        {"type": "rect", "xref": "x", "yref": "paper", "x0": start, "x1": max(end, start + 0.5), "y0": 0, "y1": 1,
+         "fillcolor": span_color, "line": {"width": 0}, "layer": "below"}
+        for start, end in spans
+    ]  # fmt: skip
+    if collapse_step is not None:
+        shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": collapse_step, "x1": collapse_step,
+                       "y0": 0, "y1": 1, "line": collapse_line})  # fmt: skip
+    return shapes
+
+
 def logged_steps(runs: RunSet, run_id: str) -> list[int]:
     """The steps a run logged, in order."""
     sql = "SELECT DISTINCT step FROM steps WHERE run_id = $run_id ORDER BY step"
@@ -192,11 +216,13 @@ def curves_figure(
                 ),
                 row=row, col=1,
             )  # fmt: skip
-    for start, end in spans:
-        figure.add_vrect(x0=start, x1=end, fillcolor="green", opacity=0.12, line_width=0, row="all", col=1)
-    if verdict.collapse_step is not None:
-        figure.add_vline(x=verdict.collapse_step, line_dash="dash", line_color="red", row="all", col=1)
     figure.update_layout(
+        shapes=step_shapes(
+            spans,
+            verdict.collapse_step,
+            span_color="rgba(0, 128, 0, 0.12)",
+            collapse_line={"color": "red", "dash": "dash"},
+        ),
         height=170 * len(CURVE_ROWS),
         margin={"t": 40, "b": 30},
         title="curves (green: CTN on, red dashed: collapse)",

@@ -27,7 +27,7 @@ from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
 from sorl_monitor.dashboard_data import RunCurves, column_values, downsample, turn_ratio_grid
-from sorl_monitor.report import DETECTOR_PANEL
+from sorl_monitor.report import DETECTOR_PANEL, step_shapes
 
 
 @dataclass(frozen=True)
@@ -113,6 +113,7 @@ def overview_figure(
         subplot_titles=[panel.title for panel in shown],
     )  # fmt: skip
     several = len(runs) > 1
+    shapes: list[dict[str, Any]] = []
     for index, run in enumerate(runs):
         steps = column_values(run.steps, "step")
         for row, panel in enumerate(shown, start=1):
@@ -133,12 +134,9 @@ def overview_figure(
                     row=row, col=1,
                 )  # fmt: skip
         _add_markers(figure, run, shown, steps)
-        for start, end in run.ctn_spans:
-            figure.add_vrect(
-                x0=start, x1=max(end, start + 0.5), fillcolor=CTN_COLOR, line_width=0, layer="below"
-            )
-        if run.collapse_step is not None:
-            figure.add_vline(x=run.collapse_step, line={"color": "#d62728", "dash": "dash", "width": 1.5})
+        shapes += step_shapes(run.ctn_spans, run.collapse_step, span_color=CTN_COLOR,
+                              collapse_line={"color": "#d62728", "dash": "dash", "width": 1.5})  # fmt: skip
+    figure.update_layout(shapes=shapes)
     _add_legends(figure, runs, shown)
     for row, panel in enumerate(shown, start=1):
         if panel.log_y:

@@ -70,6 +70,17 @@ def test_ctn_spans_are_shaded_and_the_collapse_step_is_marked_synthetic():
     assert any(s.type == "line" and s.x0 == s.x1 == 40 for s in shapes)
 
 
+def test_each_ctn_span_is_one_band_over_every_panel_on_the_shared_step_axis_synthetic():
+    spans = [(10 * i, 10 * i + 5) for i in range(12)]
+    figure = overview_figure([RunCurves("a", synthetic_steps(), ctn_spans=spans, collapse_step=40)])
+
+    bands = [s for s in figure.layout.shapes if s.type == "rect"]
+    assert [(s.x0, s.x1) for s in bands] == spans
+    assert all((s.xref, s.yref, s.y0, s.y1) == ("x", "paper", 0, 1) for s in bands)
+    matched = [axis.matches for axis in figure.select_xaxes()]
+    assert len(set(matched) - {None}) == 1 and matched.count(None) == 1  # one step range, zoomed together
+
+
 def test_overlaid_runs_get_one_legend_entry_each_synthetic():
     runs = [RunCurves("a", synthetic_steps()), RunCurves("b", synthetic_steps())]
     figure = overview_figure(runs)
