@@ -75,17 +75,25 @@ nonfinite_loss AS (
     SELECT run_id, min(step) AS step FROM per_step
     WHERE loss IS NOT NULL AND NOT isfinite(loss) GROUP BY run_id
 ),
+deepest_dip AS (
+    SELECT run_id, min(reward_ma / peak) AS deepest_dip, arg_min(step, reward_ma / peak) AS deepest_dip_step
+    FROM peaked WHERE peak > $collapse_min_peak AND peak > 0 GROUP BY run_id
+),
 runs_seen AS (SELECT run_id, max(step) AS last_step, count(*) AS updates FROM per_step GROUP BY run_id)
 SELECT s.run_id, s.updates, s.last_step,
        least(r.step, n.step) AS collapse_step,
        CASE WHEN n.step IS NOT NULL AND (r.step IS NULL OR n.step <= r.step) THEN 'nonfinite_loss'
             WHEN r.step IS NOT NULL THEN 'reward_below_peak' END AS collapse_reason,
-       r.peak AS reward_peak, r.reward_ma AS reward_at_collapse
+       r.peak AS reward_peak, r.reward_ma AS reward_at_collapse,
+       d.deepest_dip, d.deepest_dip_step
 FROM runs_seen s LEFT JOIN reward_collapse r USING (run_id) LEFT JOIN nonfinite_loss n USING (run_id)
+     LEFT JOIN deepest_dip d USING (run_id)
 ORDER BY s.run_id
 """
 """One row per run: ``run_id, updates, last_step, collapse_step, collapse_reason, reward_peak,
-reward_at_collapse`` (collapse columns null for a run without collapse)."""
+reward_at_collapse`` (collapse columns null for a run without collapse), and ``deepest_dip``, the lowest
+``reward_ma / running peak`` of the run (1 = never below its peak; below ``collapse_fraction`` = a dip as
+deep as a collapse, recovered from or not), at ``deepest_dip_step``."""
 
 STEP_EVIDENCE_SQL = """
 SELECT avg(clip_frac) AS token_clip_frac,
@@ -352,6 +360,8 @@ def postmortem(runs: RunSet, run_id: str, config: DetectorConfig | None = None) 
     evidence = gather_evidence(runs, run_id, max(0, end - config.root_cause_steps), end, config)
     evidence["reward_peak"] = label_row["reward_peak"]
     evidence["reward_at_collapse"] = label_row["reward_at_collapse"]
+    evidence["deepest_dip"] = label_row["deepest_dip"]
+    evidence["deepest_dip_step"] = label_row["deepest_dip_step"]
     evidence["ctn_switches"] = runs.sql(
         "SELECT count(*) AS n FROM alerts WHERE run_id = $run_id AND kind = 'action'", {"run_id": run_id}
     ).to_pylist()[0]["n"]

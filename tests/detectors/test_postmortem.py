@@ -39,6 +39,17 @@ def test_synthetic_dip_that_recovers_within_the_window_is_not_a_collapse(tmp_pat
     assert not verdict.collapsed and verdict.collapse_step is None
 
 
+def test_deepest_dip_reports_a_recovered_dip_that_the_collapse_label_leaves_out_synthetic(tmp_path):
+    dipped = verdict_of(tmp_path / "dip", collapse_rows(stable_rows(420), until=COLLAPSE_AT + 40))
+    calm = verdict_of(tmp_path / "calm", stable_rows(420))
+
+    assert not dipped.collapsed
+    # the 32-update reward average fell from ~0.49 to ~0.05 for 40 updates: far below half its peak
+    assert dipped.evidence["deepest_dip"] < 0.25
+    assert COLLAPSE_AT <= dipped.evidence["deepest_dip_step"] <= COLLAPSE_AT + 40
+    assert calm.evidence["deepest_dip"] > 0.8  # noisy but rising: never far below its running peak
+
+
 def test_non_finite_loss_is_a_collapse_at_that_step_synthetic(tmp_path):
     verdict = verdict_of(tmp_path, pattern_rows("nonfinite", 300))
     assert verdict.collapse_step == ONSET and verdict.collapse_reason == "nonfinite_loss"
