@@ -13,6 +13,7 @@ from sorl_monitor.trainer.env import TaskConfig
 from sorl_monitor.trainer.policy import PolicyConfig
 
 CTN_MODES = ("off", "on", "auto")
+CTN_ANCHORS = ("behaviour", "proximal")
 LOG_TURNS = ("all", "first", "none")
 
 
@@ -28,6 +29,9 @@ class TrainConfig:
     """λ of CTN: loss += λ · clip_fraction · KL_k3."""
     ctn_quiet_updates: int = 32
     """auto: updates without a tripped detector before CTN goes off again."""
+    ctn_anchor: str = "behaviour"
+    """What CTN's KL pulls back to: behaviour (π_old, the rollout's policy: the seed's form) | proximal (the
+    learner when the batch's updates began; differs from π_old only with stale rollouts)."""
     seed: int = 0
     iterations: int = 100
     """Rollout iterations; each makes ``epochs × minibatches`` optimizer updates (monitor steps)."""
@@ -39,6 +43,8 @@ class TrainConfig:
     staleness: int = 4
     """The behaviour policy is this many iterations older than the learner (stale rollouts)."""
     lr: float = 1e-3
+    anneal_lr: bool = False
+    """Decay the learning rate linearly from ``lr`` to 0 over the iterations (CleanRL's ``anneal_lr``)."""
     clip_eps: float = 0.2
     clip_eps_high: float | None = None
     vf_coef: float = 0.5
@@ -77,6 +83,8 @@ class TrainConfig:
         get_algorithm(self.algo)
         if self.ctn is not None and self.ctn not in CTN_MODES:
             raise ValueError(f"ctn must be one of {', '.join(CTN_MODES)}, not {self.ctn!r}")
+        if self.ctn_anchor not in CTN_ANCHORS:
+            raise ValueError(f"ctn_anchor must be one of {', '.join(CTN_ANCHORS)}, not {self.ctn_anchor!r}")
         if self.turn_ratio not in ("mean", "geomean"):
             raise ValueError(f"turn_ratio must be 'mean' or 'geomean', not {self.turn_ratio!r}")
         if self.log_turns not in LOG_TURNS:

@@ -58,8 +58,13 @@ def loss_settings(cfg: TrainConfig) -> LossSettings:
     return LossSettings(
         clip_eps=cfg.clip_eps, clip_eps_high=cfg.clip_eps if cfg.clip_eps_high is None else cfg.clip_eps_high,
         vf_coef=cfg.vf_coef, ent_coef=cfg.ent_coef, kl_ref_coef=cfg.kl_ref_coef, turn_ratio=cfg.turn_ratio,
-        gamma=cfg.gamma, gae_lambda=cfg.gae_lambda, whiten=cfg.whiten,
+        gamma=cfg.gamma, gae_lambda=cfg.gae_lambda, whiten=cfg.whiten, ctn_anchor=cfg.ctn_anchor,
     )  # fmt: skip
+
+
+def learning_rate(cfg: TrainConfig, iteration: int) -> float:
+    """``lr``, or with ``anneal_lr`` ``lr · (1 − iteration / iterations)``."""
+    return cfg.lr * (1.0 - iteration / cfg.iterations) if cfg.anneal_lr else cfg.lr
 
 
 def train(cfg: TrainConfig, progress: Progress | None = None) -> TrainResult:
@@ -105,8 +110,13 @@ def train(cfg: TrainConfig, progress: Progress | None = None) -> TrainResult:
             questions = env.sample_questions(cfg.episodes, env_gen, cfg.group_size)
             episodes = collect(env, behaviour, questions, cfg.temperature, sample_gen)
             mask = episodes.mask.float()
+            lr = learning_rate(cfg, iteration)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
             with torch.no_grad():
-                values = policy(episodes.tokens, with_values=algo.CRITIC).values
+                # the learner as this batch's updates begin: the critic's values and π_prox
+                proximal = policy(episodes.tokens, with_values=algo.CRITIC)
+                values = proximal.values
                 ref_logp = reference(episodes.tokens, with_values=False).logp
                 adv, returns = algo.advantages(
                     episodes.rewards, values, mask, episodes.turn_ids, group_ids, settings
@@ -119,7 +129,7 @@ def train(cfg: TrainConfig, progress: Progress | None = None) -> TrainResult:
                 for mb in range(cfg.minibatches):
                     idx = order[mb * mb_size : (mb + 1) * mb_size]
                     batch = Minibatch(mask[idx], episodes.turn_ids[idx], episodes.logp[idx], ref_logp[idx],
-                                      adv[idx], returns[idx], values[idx])  # fmt: skip
+                                      adv[idx], returns[idx], values[idx], proximal.logp[idx])  # fmt: skip
                     out = policy(episodes.tokens[idx], with_values=algo.CRITIC)
                     terms = algo.loss(out, batch, settings, coef)
                     optimizer.zero_grad(set_to_none=True)
@@ -135,7 +145,7 @@ def train(cfg: TrainConfig, progress: Progress | None = None) -> TrainResult:
                         ppo_epoch=epoch, minibatch=mb, policy_lag=lag_iterations * steps_per_iteration + epoch * cfg.minibatches + mb,
                         extra={"loss": terms.loss.detach(), "pg_loss": terms.pg_loss, "vf_loss": terms.vf_loss,
                                "ctn_penalty": terms.ctn_penalty, "ctn_active": ctn_active, "ctn_coef": coef,
-                               "lr": cfg.lr, "success_rate": episodes.correct[idx].float().mean(),
+                               "lr": lr, "success_rate": episodes.correct[idx].float().mean(),
                                "well_formed_frac": episodes.well_formed[idx].float().mean()},
                         log_turns=cfg.log_turns == "all" or (cfg.log_turns == "first" and first),
                     ) or last  # fmt: skip

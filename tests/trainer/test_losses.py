@@ -86,6 +86,26 @@ def test_ctn_penalty_is_zero_without_clipping_and_grows_with_the_clip_fraction()
     assert float(penalty) == pytest.approx(29.0, rel=1e-4)
 
 
+def test_ctn_with_the_proximal_anchor_pulls_back_to_the_learner_as_the_batch_began_not_to_pi_old():
+    torch.manual_seed(0)
+    old = torch.zeros(2, 9)
+    logp = torch.full((2, 9), 0.5)  # r = 1.65 against π_old: every token clipped
+    clipped = minibatch(logp, torch.zeros(2, 9), old)
+    algo = get_algorithm("so_ppo")
+    behaviour = algo.loss(output(logp), clipped, LossSettings(), ctn_coef=1.0)
+    proximal = LossSettings(ctn_anchor="proximal")
+    clipped.prox_logp = logp.clone()  # the learner has not moved since the batch began
+    still = algo.loss(output(logp), clipped, proximal, ctn_coef=1.0)
+    clipped.prox_logp = torch.full((2, 9), 0.2)
+    moved = algo.loss(output(logp), clipped, proximal, ctn_coef=1.0)
+
+    k3 = lambda x: x.exp() - 1 - x  # noqa: E731
+    assert float(behaviour.clip_frac) == float(still.clip_frac) == 1.0  # clipping is judged against π_old
+    assert float(behaviour.ctn_penalty) == pytest.approx(float(k3(torch.tensor(0.5))))
+    assert float(still.ctn_penalty) == 0.0
+    assert float(moved.ctn_penalty) == pytest.approx(float(k3(torch.tensor(0.3))))
+
+
 def test_grpo_advantage_is_normalized_within_each_prompt_group():
     rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0])
     groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])

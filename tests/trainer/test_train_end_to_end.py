@@ -67,3 +67,16 @@ def test_log_turns_first_keeps_one_update_of_turn_rows_per_iteration(tmp_path):
         steps = runs.sql("SELECT DISTINCT step FROM turns ORDER BY step").column(0).to_pylist()
         assert steps == [0, 4]
         assert runs.sql("SELECT count(*) FROM steps").to_pylist()[0]["count_star()"] == 8
+
+
+@pytest.mark.slow
+def test_anneal_lr_decays_the_logged_learning_rate_linearly_to_zero_over_the_iterations(tmp_path):
+    cfg = tiny("ppo", tmp_path, anneal_lr=True, lr=1e-3)
+    cfg.iterations = 4
+    train(cfg)
+    with open_runs(tmp_path) as runs:
+        rows = runs.sql("SELECT iteration, min(lr) AS lo, max(lr) AS hi FROM steps GROUP BY 1 ORDER BY 1")
+    rows = rows.to_pylist()
+    assert [r["iteration"] for r in rows] == [0, 1, 2, 3]
+    assert all(r["lo"] == r["hi"] for r in rows)  # one rate per rollout batch
+    assert [r["lo"] for r in rows] == pytest.approx([1e-3, 7.5e-4, 5e-4, 2.5e-4])

@@ -33,6 +33,7 @@ class Minibatch:
     advantages: Tensor  # (B, T), fixed for the iteration
     returns: Tensor  # (B, T) value targets
     old_values: Tensor  # (B, T)
+    prox_logp: Tensor | None = None  # the learner π_prox as it was when this rollout batch's updates began
 
 
 @dataclass
@@ -55,6 +56,9 @@ class LossSettings:
     gamma: float = 1.0
     gae_lambda: float = 1.0
     whiten: bool = True
+    ctn_anchor: str = "behaviour"
+    """The policy CTN's KL pulls back to: ``behaviour`` (π_old, which made the rollout) or ``proximal``
+    (π_prox, the learner when this batch's updates began; the same policy when rollouts are fresh)."""
 
 
 # ------------------------------------------------------------------ advantages
@@ -151,12 +155,21 @@ def ctn_penalty(
     """Clipping-Triggered Normalization ``λ · clip_fraction · KL`` and the clip fraction.
 
     ``clip_fraction`` (of ``ratio``, detached) is the share of agent tokens outside the trust region;
-    ``KL = mean_t (r_t − 1 − log r_t)``, Schulman's k3 on behaviour samples (bounded below by 0).
+    ``KL = mean_t (r_t − 1 − log r_t)`` with ``log r_t = log_ratio`` (log π_θ − log π_anchor), Schulman's
+    k3 on the rollout's samples (bounded below by 0).
     """
     frac = clip_fraction(ratio.detach(), mask, s.clip_eps, s.clip_eps_high)["total"]
     if coef == 0.0:
         return torch.zeros((), device=ratio.device), frac
     return coef * frac * masked_mean(kl_k3(log_ratio), mask), frac
+
+
+def ctn_log_ratio(logp: Tensor, behaviour_log_ratio: Tensor, batch: Minibatch, s: LossSettings) -> Tensor:
+    """``log π_θ − log π_anchor`` for CTN's KL: the behaviour policy's, or the proximal policy's
+    (``s.ctn_anchor``; with stale rollouts a pull back to π_old is a pull towards an older learner)."""
+    if s.ctn_anchor == "proximal" and batch.prox_logp is not None:
+        return token_log_ratio(logp, batch.prox_logp)
+    return behaviour_log_ratio
 
 
 def value_loss(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:
@@ -188,5 +201,5 @@ def surrogate_loss(
     log_ratio, ratio = ratios(out.logp, batch, turn_level, s.turn_ratio)
     pg = clipped_surrogate(ratio, batch.advantages, batch.mask, s.clip_eps, s.clip_eps_high)
     vf = value_loss(out.values, batch.returns, batch.mask) if critic else torch.zeros_like(pg)
-    penalty, frac = ctn_penalty(log_ratio, ratio, batch.mask, ctn_coef, s)
+    penalty, frac = ctn_penalty(ctn_log_ratio(out.logp, log_ratio, batch, s), ratio, batch.mask, ctn_coef, s)
     return combine(pg, vf, penalty, frac, out.entropy, out.logp, batch, s)
