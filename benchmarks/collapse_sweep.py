@@ -62,7 +62,8 @@ def measure(
     values = list(peaks.values())
     return {"variant": variant, "seed": seed, "collapsed": verdict.collapsed, "collapse_step": verdict.collapse_step,
             "lead_time": verdict.lead_time, "root_cause": verdict.root_cause, "final": final, "peak": peak,
-            "clip_max": values[0], "grad_max": values[1], "seconds": seconds, "ctn_switches": switches}  # fmt: skip
+            "clip_max": values[0], "grad_max": values[1], "seconds": seconds, "ctn_switches": switches,
+            "dip": verdict.evidence["deepest_dip"]}  # fmt: skip
 
 
 def from_runs(log_dir: str, variants: list[str], seeds: range) -> list[dict]:
@@ -135,7 +136,8 @@ def main() -> None:
             rows.append(row)
             print(f"{row['variant']:>16} seed {row['seed']}: {'COLLAPSED at ' + str(row['collapse_step']) if row['collapsed'] else 'stable':<18}"
                   f" final {row['final']:.2f} peak {row['peak']:.2f} clip_max {row['clip_max']:.2f}"
-                  f" grad_max {row['grad_max']:.1f} cause {row['root_cause']} ({row['seconds']:.0f} s)", flush=True)  # fmt: skip
+                  f" grad_max {row['grad_max']:.1f} dip {row['dip']:.2f} cause {row['root_cause']} ({row['seconds']:.0f} s)",
+                  flush=True)  # fmt: skip
     print_table(rows, args.variants, f"settings: {overrides or 'defaults'}; {args.iterations} iterations; "
                 f"{time.perf_counter() - started:.0f} s")  # fmt: skip
 
@@ -144,10 +146,11 @@ def print_table(rows: list[dict], variants: list[str], title: str) -> None:
     print(f"\n{title}")
     print(
         "collapsed = the post-mortem's label (reward MA below half its peak for 64+ updates); "
-        "ended low = final reward below half the peak"
+        "ended low = final reward below half the peak; dipped = reward MA below half its running peak at "
+        "some point (recovered or not); worst dip = the lowest reward MA / running peak over the seeds"
     )
-    header = (f"{'variant':>16} {'collapsed':>9} {'ended low':>9} {'final':>6} {'peak':>6} {'clip_max':>8} "
-              f"{'grad_max':>8} {'upd→collapse':>12} {'lead':>6}")  # fmt: skip
+    header = (f"{'variant':>16} {'collapsed':>9} {'ended low':>9} {'dipped':>9} {'worst dip':>9} {'final':>6} "
+              f"{'peak':>6} {'clip_max':>8} {'grad_max':>8} {'upd→collapse':>12} {'lead':>6}")  # fmt: skip
     print(header)
     for variant in variants:
         mine = [r for r in rows if r["variant"] == variant]
@@ -155,7 +158,9 @@ def print_table(rows: list[dict], variants: list[str], title: str) -> None:
             continue
         n_c = sum(r["collapsed"] for r in mine)
         n_low = sum(r["final"] < 0.5 * r["peak"] for r in mine)
-        print(f"{variant:>16} {n_c:>4}/{len(mine):<4} {n_low:>4}/{len(mine):<4} {mean(r['final'] for r in mine):>6.2f} "
+        n_dip = sum(r["dip"] < 0.5 for r in mine)
+        print(f"{variant:>16} {n_c:>4}/{len(mine):<4} {n_low:>4}/{len(mine):<4} {n_dip:>4}/{len(mine):<4} "
+              f"{min(r['dip'] for r in mine):>9.2f} {mean(r['final'] for r in mine):>6.2f} "
               f"{mean(r['peak'] for r in mine):>6.2f} {mean(r['clip_max'] for r in mine):>8.2f} "
               f"{max(r['grad_max'] for r in mine):>8.1f} {mean(r['collapse_step'] for r in mine):>12.0f} "
               f"{mean(r['lead_time'] for r in mine):>6.1f}")  # fmt: skip
