@@ -74,7 +74,14 @@ def train_command(
     staleness: Annotated[
         int | None, typer.Option(help="Behaviour policy is this many iterations old.")
     ] = None,
+    anneal_lr: Annotated[
+        bool | None,
+        typer.Option("--anneal-lr/--constant-lr", help="Decay the rate linearly to 0, or keep it."),
+    ] = None,
     ctn_coef: Annotated[float | None, typer.Option(help="λ of CTN (loss += λ · clip_fraction · KL).")] = None,
+    ctn_anchor: Annotated[
+        str | None, typer.Option(help="behaviour | proximal: the policy CTN's KL pulls back to.")
+    ] = None,
     turn_ratio: Annotated[str | None, typer.Option(help="mean | geomean")] = None,
     log_turns: Annotated[
         str | None, typer.Option(help="all | first | none: which updates write turn rows.")
@@ -97,14 +104,16 @@ def train_command(
     cfg = load_config(config) if config is not None else TrainConfig()
     overrides = {"algo": algo, "ctn": ctn, "seed": seed, "iterations": steps, "log_dir": log_dir,
                  "run_name": run_name, "lr": lr, "epochs": epochs, "minibatches": minibatches,
-                 "staleness": staleness, "ctn_coef": ctn_coef, "turn_ratio": turn_ratio, "log_turns": log_turns}  # fmt: skip
+                 "staleness": staleness, "ctn_coef": ctn_coef, "turn_ratio": turn_ratio, "log_turns": log_turns,
+                 "anneal_lr": anneal_lr, "ctn_anchor": ctn_anchor}  # fmt: skip
     for name, value in overrides.items():
         if value is not None:
             setattr(cfg, name, value)
     cfg.check()
     if cfg.run_name is not None and (Path(cfg.log_dir) / cfg.run_name).exists():
         fail(f"run {cfg.run_name!r} already exists in {cfg.log_dir}; pick another --run-name")
-    console.print(f"training [bold]{cfg.algo}[/] (CTN {cfg.ctn_mode}, seed {cfg.seed}, lr {cfg.lr:g}, "
+    console.print(f"training [bold]{cfg.algo}[/] (CTN {cfg.ctn_mode}, seed {cfg.seed}, lr {cfg.lr:g}"
+                  f"{' annealed' if cfg.anneal_lr else ''}, "
                   f"{cfg.epochs}×{cfg.minibatches} reuse, staleness {cfg.staleness}) → {cfg.log_dir}/")  # fmt: skip
     try:
         if quiet:

@@ -17,6 +17,7 @@ runner = CliRunner()
         (["--ctn", "maybe"], "ctn must be"),
         (["--lr", "-1"], "lr must be"),
         (["--epochs", "0"], "epochs must be"),
+        (["--ctn-anchor", "reference"], "ctn_anchor must be"),
         (["--config", "missing.toml"], "config file not found"),
     ],
 )
