@@ -190,3 +190,23 @@ def test_readers_see_no_duplicates_or_errors_while_parts_are_compacted(tmp_path)
     assert all(s["dup"] == 0 for s in seen)
     counts = [s["n"] for s in seen]
     assert counts == sorted(counts) and counts[-1] > counts[0]
+
+
+def test_float_columns_are_written_plain_and_key_columns_with_dictionaries_and_statistics(tmp_path):
+    writer = ParquetStreamWriter(tmp_path, compact_parts=0)
+    rows = [{"run_id": "r", "step": s, "ratio_mean": 1.0 + s / 7, "loss": float("nan")} for s in range(50)]
+    writer.submit("steps", rows, len(rows))
+    writer.close()
+
+    (part,) = parts(tmp_path)
+    chunks = {}
+    metadata = pq.ParquetFile(part).metadata.row_group(0)
+    for i in range(metadata.num_columns):
+        chunk = metadata.column(i)
+        chunks[chunk.path_in_schema] = chunk
+    for name in ("ratio_mean", "loss"):  # no float dictionary to build and drop; no NaN-blind statistics
+        assert not any("DICTIONARY" in e for e in chunks[name].encodings), chunks[name].encodings
+        assert not chunks[name].is_stats_set
+    for name in ("run_id", "step"):
+        assert any("DICTIONARY" in e for e in chunks[name].encodings)
+        assert chunks[name].is_stats_set
