@@ -143,7 +143,7 @@ def step_shapes(
 
     One shape per mark on the shared step axis (``xref="x"``, ``yref="paper"``), set with one
     ``update_layout(shapes=...)``: plotly's ``add_vrect(row="all")`` adds one shape per panel and
-    re-validates every shape at each call, which took seconds on a run with a few CTN switches.
+    re-validates every shape at each call: 0.75–1.0 s per overview figure of a live run with 6 CTN spans.
     """
     shapes: list[dict[str, Any]] = [
         {"type": "rect", "xref": "x", "yref": "paper", "x0": start, "x1": max(end, start + 0.5), "y0": 0, "y1": 1,

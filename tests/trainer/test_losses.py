@@ -104,6 +104,9 @@ def test_ctn_with_the_proximal_anchor_pulls_back_to_the_learner_as_the_batch_beg
     assert float(behaviour.ctn_penalty) == pytest.approx(float(k3(torch.tensor(0.5))))
     assert float(still.ctn_penalty) == 0.0
     assert float(moved.ctn_penalty) == pytest.approx(float(k3(torch.tensor(0.3))))
+    clipped.prox_logp = None  # asked for the proximal anchor without its log-probs: an error, not a fallback
+    with pytest.raises(ValueError, match="prox_logp"):
+        algo.loss(output(logp), clipped, proximal, ctn_coef=1.0)
 
 
 def test_grpo_advantage_is_normalized_within_each_prompt_group():

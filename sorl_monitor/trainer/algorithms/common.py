@@ -167,9 +167,11 @@ def ctn_penalty(
 def ctn_log_ratio(logp: Tensor, behaviour_log_ratio: Tensor, batch: Minibatch, s: LossSettings) -> Tensor:
     """``log π_θ − log π_anchor`` for CTN's KL: the behaviour policy's, or the proximal policy's
     (``s.ctn_anchor``; with stale rollouts a pull back to π_old is a pull towards an older learner)."""
-    if s.ctn_anchor == "proximal" and batch.prox_logp is not None:
-        return token_log_ratio(logp, batch.prox_logp)
-    return behaviour_log_ratio
+    if s.ctn_anchor == "behaviour":
+        return behaviour_log_ratio
+    if batch.prox_logp is None:
+        raise ValueError("ctn_anchor='proximal' needs the minibatch's prox_logp (π_prox log-probs)")
+    return token_log_ratio(logp, batch.prox_logp)
 
 
 def value_loss(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:
