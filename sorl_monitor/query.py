@@ -13,14 +13,15 @@ to the opened folders (no ``COPY``, ``ATTACH``, ``INSTALL``, or reads elsewhere)
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import threading
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import duckdb
 import pyarrow as pa
@@ -47,8 +48,28 @@ RUN_COLUMNS = pa.schema(
 )
 
 
+T = TypeVar("T")
 READ_ATTEMPTS = 4
 """Tries of a query that fails on a part a live writer compacted away meanwhile."""
+
+
+def ctrl_c_is_keyboard_interrupt(func: Callable[..., T]) -> Callable[..., T]:
+    """Let Ctrl-C during a query reach the caller as ``KeyboardInterrupt``, as it does everywhere else.
+
+    DuckDB catches a SIGINT that arrives while a query runs and reports it as ``RuntimeError("Query
+    interrupted")`` (or ``duckdb.InterruptException``), which a command would otherwise print as a crash.
+    """
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> T:
+        try:
+            return func(*args, **kwargs)
+        except (duckdb.InterruptException, RuntimeError) as error:
+            if isinstance(error, duckdb.InterruptException) or "interrupted" in str(error):
+                raise KeyboardInterrupt from None
+            raise
+
+    return wrapper
 
 
 class QueryError(Exception):
@@ -131,6 +152,7 @@ class RunSet:
         self.refresh()
 
     # ------------------------------------------------------------------ views
+    @ctrl_c_is_keyboard_interrupt
     def refresh(self) -> bool:
         """Re-list runs and part files; rebuild the views whose files changed. True if anything changed."""
         with self._lock:
@@ -229,6 +251,7 @@ class RunSet:
         self._store_table("runs", pa.Table.from_pylist(rows, schema=RUN_COLUMNS))
 
     # ------------------------------------------------------------------ queries
+    @ctrl_c_is_keyboard_interrupt
     def sql(self, query: str, params: dict[str, Any] | None = None) -> pa.Table:
         """Run read-only SQL over the views and return an Arrow table; ``QueryError`` on any problem."""
         if not query or not query.strip():
@@ -253,6 +276,8 @@ class RunSet:
                     return self._run(query, params)
                 except QUERY_MISTAKES as error:
                     raise QueryError(f"bad SQL: {_first_line(error)}") from None
+                except duckdb.InterruptException:
+                    raise
                 except duckdb.Error as error:
                     # a part compacted away since the last refresh (a live writer may compact again while
                     # we retry), or one whose data pages are corrupt: re-list, skip unreadable parts, retry

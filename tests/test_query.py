@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -128,3 +133,24 @@ def test_overview_and_summary(tmp_path):
     assert summary["clip_frac"]["n"] == 4 and summary["clip_frac"]["last"] == last
     assert (summary["clip_frac"]["min"], summary["clip_frac"]["max"]) == tuple(clip.values())
     assert "kl_ref_k3" not in summary  # never logged: left out
+
+
+INTERRUPTED_QUERY = """
+import os, signal, sys, threading, time
+from sorl_monitor.query import open_runs
+runs = open_runs(sys.argv[1])
+threading.Thread(target=lambda: (time.sleep(0.5), os.kill(os.getpid(), signal.SIGINT)), daemon=True).start()
+try:
+    runs.sql("SELECT sum(i * i) FROM range(20000000000) t(i)")  # minutes of work: the signal lands inside
+except KeyboardInterrupt:
+    print("KeyboardInterrupt")
+"""
+
+
+def test_ctrl_c_during_a_query_is_a_keyboard_interrupt_not_a_crash(tmp_path):
+    write_run(tmp_path, "r")
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(INTERRUPTED_QUERY), str(tmp_path)],
+        cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.stdout.strip() == "KeyboardInterrupt", done.stdout + done.stderr
