@@ -44,6 +44,8 @@ STEP_METRICS = [
     "clip_frac", "clip_frac_low", "clip_frac_high", "clip_frac_turn", "clip_frac_active",
     # KL estimators vs the behaviour (old) and reference policy
     "kl_old_k1", "kl_old_k2", "kl_old_k3", "kl_ref_k1", "kl_ref_k2", "kl_ref_k3",
+    # KL as another trainer computed it (its own estimator): to the behaviour and to the reference policy
+    "kl_old", "kl_ref",
     "entropy",
     # gradients and parameters
     "grad_norm", "grad_norm_clipped", "param_norm",
@@ -54,6 +56,8 @@ STEP_METRICS = [
     "reward_mean", "reward_std", "reward_min", "reward_max", "group_reward_std", "zero_std_group_frac",
     # lengths and data health
     "response_len_mean", "response_len_max", "turns_mean", "n_tokens", "nonfinite_count",
+    # whole completions as other trainers count them (tool / environment tokens included)
+    "completion_len_mean", "completion_len_max", "completion_len_min", "completion_truncated_frac",
     "turn_rows_truncated",
     # the monitor's own health
     "monitor_ms", "monitor_dropped_rows", "monitor_errors",
