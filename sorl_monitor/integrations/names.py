@@ -11,7 +11,7 @@ Looked up in the sources: transformers 5.x ``Trainer._maybe_log_save_evaluate``,
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -117,3 +117,41 @@ def to_columns(metrics: Mapping[str, Any], names: Mapping[str, str]) -> dict[str
     for column, value in unmapped.items():
         row.setdefault(column, value)
     return row
+
+
+NAME_TABLES: dict[str, Mapping[str, str]] = {
+    "trl": TRL_NAMES,
+    "verl": VERL_NAMES,
+}
+"""One name table per trainer family (``"trl"`` covers transformers' ``Trainer`` too)."""
+
+
+def guess_family(keys: Iterable[str]) -> str | None:
+    """The trainer family whose table maps the most of ``keys`` (at least one), or ``None``."""
+    keys = set(keys)
+    best, best_hits = None, 0
+    for family, table in NAME_TABLES.items():
+        hits = len(keys & set(table))
+        if hits > best_hits:
+            best, best_hits = family, hits
+    return best
+
+
+def names_for(family: str | Mapping[str, str] | None) -> Mapping[str, str]:
+    """The name table of ``family`` (a family name, a table itself, or ``None`` for no mapping)."""
+    if family is None:
+        return {}
+    if isinstance(family, Mapping):
+        return family
+    if family not in NAME_TABLES:
+        raise ValueError(f"unknown trainer family {family!r}; known: {', '.join(NAME_TABLES)}")
+    return NAME_TABLES[family]
+
+
+def map_metrics(
+    metrics: Mapping[str, Any], family: str | Mapping[str, str] | None = "auto"
+) -> dict[str, float | bool | str]:
+    """``to_columns`` with the table of ``family``; ``"auto"`` guesses it from the keys, ``None`` maps nothing."""
+    if family == "auto":
+        family = guess_family(metrics)
+    return to_columns(metrics, names_for(family))
