@@ -1,7 +1,13 @@
 """DuckDB query layer: views ``runs, steps, turns, modules, alerts`` over one or many runs (DESIGN §4).
 
     runs = open_runs("runs/")                   # a log dir, a run dir, or a list of them
+    runs = open_runs("trainer_state.json")      # or another tool's log (sorl_monitor.logs), format detected
     runs.sql("SELECT step, clip_frac FROM steps WHERE run_id = 'x' ORDER BY step")  # → pyarrow.Table
+
+Another tool's log (TensorBoard, W&B, MLflow, transformers, JSON lines, CSV, verl) is read into memory
+(``sorl_monitor.logs``) and its rows join the Parquet runs' rows in ``steps``; it has a ``runs`` row with
+status ``imported`` and no ``turns``, ``modules`` or ``alerts`` rows. ``refresh()`` reads such a log again
+when a file of it changed size or modification time.
 
 Part files are listed explicitly (their footers checked once and cached), so a corrupt file is
 skipped with a warning naming it, and a file being written is never read (writers ``os.replace``
@@ -27,7 +33,18 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sorl_monitor.schema import PART_GLOB, RUN_FILE, TABLES, empty_table, visible_parts
+from sorl_monitor.logs import (
+    ForeignRun,
+    LogFormatError,
+    LogSource,
+    check_format,
+    find_logs,
+    fingerprint,
+    is_run_dir,
+    read_source,
+)
+from sorl_monitor.logs.table import unique_ids
+from sorl_monitor.schema import PART_GLOB, RUN_FILE, TABLES, conform, empty_table, visible_parts
 
 QUERY_MISTAKES = (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException)
 """Errors in the query itself; any other error may come from an unreadable part and triggers a full read."""
@@ -80,32 +97,39 @@ class CorruptPartWarning(UserWarning):
     """A Parquet part could not be read and is skipped."""
 
 
-def is_run_dir(path: Path) -> bool:
-    """A run is a folder with ``run.json`` or a table folder holding ``rank=R`` partitions.
-
-    (Not just a table folder: a log folder holding a run named ``steps`` or ``turns`` is not a run.)
-    """
-    return (path / RUN_FILE).is_file() or any(
-        any((path / t).glob("rank=*")) for t in TABLES if (path / t).is_dir()
-    )
+def _as_paths(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[Path]:
+    return [Path(p) for p in ([paths] if isinstance(paths, str | os.PathLike) else paths)]
 
 
-def find_runs(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[Path]:
-    """Run folders named by ``paths``: each a run folder or a log folder whose children are runs."""
-    if isinstance(paths, str | os.PathLike):
-        paths = [paths]
+def find_runs(
+    paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], fmt: str | None = None
+) -> list[Path]:
+    """Parquet run folders named by ``paths``: each a run folder or a log folder whose children are runs
+    (another tool's log, a file or a folder, holds none; ``find_logs`` finds those)."""
     found: list[Path] = []
-    for raw in paths:
-        path = Path(raw)
+    for path in _as_paths(paths):
         if not path.exists():
             raise QueryError(f"no such file or directory: {path}")
-        if not path.is_dir():
-            raise QueryError(f"not a directory: {path} (give a run folder or a log folder of runs)")
+        if not path.is_dir() or fmt not in (None, "sorl"):
+            continue
         if is_run_dir(path):
             found.append(path.resolve())
         else:
             found.extend(sorted(c.resolve() for c in path.iterdir() if c.is_dir() and is_run_dir(c)))
     return list(dict.fromkeys(found))
+
+
+def find_foreign_logs(paths: Sequence[Path], fmt: str | None = None) -> list[LogSource]:
+    """The other tools' logs named by ``paths`` (``logs.find_logs`` of each), as ``QueryError`` on a problem."""
+    sources: list[LogSource] = []
+    for path in paths:
+        if fmt == "sorl" and path.is_file():
+            raise QueryError(f"not a directory: {path} (give a run folder or a log folder of runs)")
+        try:
+            sources.extend(find_logs(path, fmt))
+        except LogFormatError as error:
+            raise QueryError(str(error)) from None
+    return list(dict.fromkeys(sources))
 
 
 def read_run_info(run_dir: Path) -> dict[str, Any]:
@@ -122,6 +146,14 @@ def read_run_info(run_dir: Path) -> dict[str, Any]:
     return info
 
 
+@dataclass
+class _ForeignLog:
+    """One foreign log as last read: its files' sizes and times, and its runs."""
+
+    stamp: tuple[tuple[str, int, int], ...]
+    runs: list[ForeignRun]
+
+
 @dataclass(frozen=True)
 class _PartCheck:
     size: int
@@ -133,17 +165,32 @@ class _PartCheck:
 class RunSet:
     """Read-only DuckDB views over the runs found under ``paths`` (see module docstring)."""
 
-    def __init__(self, paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> None:
-        self.roots = [Path(p) for p in ([paths] if isinstance(paths, str | os.PathLike) else paths)]
-        self.run_dirs = find_runs(self.roots)
-        if not self.run_dirs:
+    def __init__(
+        self, paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], fmt: str | None = None
+    ) -> None:
+        self.roots = _as_paths(paths)
+        try:
+            self.format = check_format(fmt)
+        except LogFormatError as error:
+            raise QueryError(str(error)) from None
+        self.run_dirs = find_runs(self.roots, fmt)
+        self._logs: dict[LogSource, _ForeignLog] = {}
+        self.foreign: dict[str, ForeignRun] = {}
+        """Runs read from other tools' logs, by run id (held in memory; see module docstring)."""
+        self._foreign_changed = False
+        self._read_foreign_logs(find_foreign_logs(self.roots, fmt))
+        if not self.run_dirs and not self.foreign:
             where = ", ".join(str(p) for p in self.roots)
-            raise QueryError(f"no runs found in {where} (a run is a folder with run.json or steps/)")
+            raise QueryError(
+                f"no runs found in {where} (a run is a folder with run.json or steps/, or a log: "
+                "see docs/logs.md)"
+            )
         self._checked: dict[str, _PartCheck] = {}
         self._files: dict[str, tuple[str, ...]] = {}
         self._lock = threading.RLock()
         self.con = duckdb.connect(config={"threads": max(1, os.cpu_count() or 1)})
-        allowed = sorted({str(p.resolve()) for p in self.roots} | {str(p) for p in self.run_dirs})
+        folders = {p.resolve() for p in self.roots if p.is_dir()}
+        allowed = sorted({str(p) for p in folders} | {str(p) for p in self.run_dirs})
         self.con.execute("SET allowed_directories = $dirs", {"dirs": allowed})
         self.con.execute("SET enable_external_access = false")
         self.con.execute("SET autoinstall_known_extensions = false")
@@ -157,14 +204,17 @@ class RunSet:
         """Re-list runs and part files; rebuild the views whose files changed. True if anything changed."""
         with self._lock:
             if any(p.is_dir() and not is_run_dir(p) for p in self.roots):
-                self.run_dirs = list(dict.fromkeys(self.run_dirs + find_runs(self.roots)))
+                self.run_dirs = list(dict.fromkeys(self.run_dirs + find_runs(self.roots, self.format)))
+                self._read_foreign_logs(find_foreign_logs(self.roots, self.format))
+            else:
+                self._read_foreign_logs(list(self._logs))
             # run.json first: a run marked finished then has every part on disk before they are listed
             self._register_runs()
-            changed = False
+            changed, self._foreign_changed = self._foreign_changed, False
             for table in TABLES:
                 for _attempt in range(3):
                     files = tuple(self._valid_parts(table))
-                    if files == self._files.get(table):
+                    if files == self._files.get(table) and not (table == "steps" and changed):
                         break
                     try:
                         self._create_view(table, files)
@@ -174,6 +224,29 @@ class RunSet:
                     changed = True
                     break
             return changed
+
+    def _read_foreign_logs(self, sources: list[LogSource]) -> None:
+        """Read the logs among ``sources`` that are new or whose files changed; keep the others as read."""
+        for source in sources:
+            stamp = fingerprint(source)
+            known = self._logs.get(source)
+            if known is not None and known.stamp == stamp:
+                continue
+            try:
+                runs = read_source(source)
+            except LogFormatError as error:
+                if known is None:
+                    raise QueryError(str(error)) from None
+                warnings.warn(
+                    f"keeping the last read of {source.path}: {error}", CorruptPartWarning, stacklevel=3
+                )
+                continue
+            self._logs[source] = _ForeignLog(stamp, runs)
+            self._foreign_changed = True
+        if self._foreign_changed:
+            runs = [run for log in self._logs.values() for run in log.runs]
+            unique_ids(runs, taken={path.name for path in self.run_dirs})
+            self.foreign = {run.run_id: run for run in runs}
 
     def files(self, table: str) -> tuple[str, ...]:
         """The readable part files behind a view."""
@@ -206,12 +279,17 @@ class RunSet:
             return False
 
     def _create_view(self, table: str, files: tuple[str, ...]) -> None:
+        foreign = table == "steps" and bool(self.foreign)
+        if foreign:
+            self._store_table(FOREIGN_STEPS, foreign_steps(self.foreign.values()))
         if files:
             self._drop(table)
-            self.con.execute(
-                f"CREATE VIEW {table} AS SELECT * FROM read_parquet($files, "
-                "hive_partitioning = true, union_by_name = true)".replace("$files", _sql_list(files))
-            )
+            parquet = "SELECT * FROM read_parquet($files, hive_partitioning = true, union_by_name = true)"
+            union = f" UNION ALL BY NAME SELECT * FROM {FOREIGN_STEPS}" if foreign else ""
+            self.con.execute(f"CREATE VIEW {table} AS {parquet}{union}".replace("$files", _sql_list(files)))
+        elif foreign:
+            self._drop(table)
+            self.con.execute(f"CREATE VIEW {table} AS SELECT * FROM {FOREIGN_STEPS}")
         else:
             self._store_table(table, empty_table(table))
 
@@ -246,6 +324,19 @@ class RunSet:
                     "world_size": info.get("world_size"),
                     "config": json.dumps(info.get("config", {}), sort_keys=True, default=str),
                     "last_write": _last_write(run_dir),
+                }
+            )
+        for run in self.foreign.values():
+            rows.append(
+                {
+                    "run_id": run.run_id,
+                    "path": str(run.source),
+                    "algorithm": run.info.get("algorithm"),
+                    "seed": None,
+                    "status": run.info.get("status", "imported"),
+                    "world_size": 1,
+                    "config": json.dumps(run.info.get("config", {}), sort_keys=True, default=str),
+                    "last_write": _source_last_write(run.source),
                 }
             )
         self._store_table("runs", pa.Table.from_pylist(rows, schema=RUN_COLUMNS))
@@ -337,9 +428,35 @@ class RunSet:
         self.close()
 
 
-def open_runs(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> RunSet:
-    """Open runs for querying (see ``RunSet``)."""
-    return RunSet(paths)
+def open_runs(
+    paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], fmt: str | None = None
+) -> RunSet:
+    """Open runs for querying (see ``RunSet``); ``fmt`` forces a log format (``logs.FORMATS``)."""
+    return RunSet(paths, fmt)
+
+
+FOREIGN_STEPS = "_sorl_foreign_steps"
+"""The in-memory table of foreign runs' ``steps`` rows (the ``steps`` view adds them to the Parquet rows)."""
+
+
+def foreign_steps(runs: Iterable[ForeignRun]) -> pa.Table:
+    """The ``steps`` rows of foreign runs as one table with every known column (``schema.conform``); a
+    column that is numbers in one run and text in another is kept as text."""
+    tables = [run.steps for run in runs if run.steps.num_rows]
+    if not tables:
+        return empty_table("steps")
+    types: dict[str, set[pa.DataType]] = {}
+    for table in tables:
+        for field in table.schema:
+            types.setdefault(field.name, set()).add(field.type)
+    mixed = {
+        name for name, kinds in types.items() if len(kinds) > 1 and any(pa.types.is_string(k) for k in kinds)
+    }
+    tables = [
+        t.cast(pa.schema([f.with_type(pa.string()) if f.name in mixed else f for f in t.schema]))
+        for t in tables
+    ]
+    return conform("steps", pa.concat_tables(tables, promote_options="permissive"))
 
 
 def statement_kind(query: str) -> duckdb.StatementType:
@@ -388,6 +505,18 @@ def _last_write(run_dir: Path) -> float | None:
             continue
         newest = mtime if newest is None else max(newest, mtime)
     return newest
+
+
+def _source_last_write(source: Path) -> float | None:
+    """Newest modification time of a foreign log's files (seconds since the epoch)."""
+    files = [source] if source.is_file() else [p for p in source.rglob("*") if p.is_file()]
+    times = []
+    for file in files:
+        try:
+            times.append(file.stat().st_mtime)
+        except OSError:
+            continue
+    return max(times, default=None)
 
 
 STALE_AFTER_S = 120.0

@@ -1,0 +1,118 @@
+"""Which format a file or folder is, told by its content (names only where the format is a naming scheme).
+
+Files, in this order:
+- ``tensorboard``: ``tfevents`` in the name (TensorBoard's own rule), or a valid TFRecord header;
+- ``wandb``: a ``.wandb`` file; a CSV whose header is a W&B UI export or a ``run.history()`` dump
+  (``_step`` with ``_runtime``/``_timestamp``); JSON or JSON lines whose first row has those columns;
+- ``hf``: a JSON object with ``log_history``, or a JSON list whose first element is a dict with ``step``;
+- ``verl``: JSON lines whose first line is ``{"step": N, "data": {...}}``;
+- ``jsonl``: JSON lines whose first object has a step column (``table.STEP_COLUMNS``);
+- ``csv``: a CSV whose header has a step column.
+
+Folders: ``sorl`` (a run folder with ``run.json`` or ``<table>/rank=R``, or a folder of them), ``hf`` (an
+output folder with ``trainer_state.json`` or ``checkpoint-*/trainer_state.json``), ``mlflow`` (a store,
+experiment or run), ``wandb`` (an offline run, or a ``wandb/`` folder of them), ``tensorboard`` (event
+files directly inside).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+from sorl_monitor.logs import hf, mlflow, tensorboard, wandb
+from sorl_monitor.logs.sniff import csv_header, first_json_line, first_list_item, head, text_kind
+from sorl_monitor.logs.table import step_column
+from sorl_monitor.schema import RUN_FILE, TABLES
+
+
+def is_run_dir(path: Path) -> bool:
+    """A run is a folder with ``run.json`` or a table folder holding ``rank=R`` partitions.
+
+    (Not just a table folder: a log folder holding a run named ``steps`` or ``turns`` is not a run.)
+    """
+    return (path / RUN_FILE).is_file() or any(
+        any((path / t).glob("rank=*")) for t in TABLES if (path / t).is_dir()
+    )
+
+
+def detect_folder(path: Path) -> str | None:
+    """The format of a folder that is one log (or a folder of ``sorl`` runs); ``None`` otherwise."""
+    if is_run_dir(path) or any(c.is_dir() and is_run_dir(c) for c in path.iterdir()):
+        return "sorl"
+    if hf.state_file(path) is not None:
+        return "hf"
+    if mlflow.run_folders(path):
+        return "mlflow"
+    if wandb.offline_files(path):
+        return "wandb"
+    if tensorboard.event_files(path):
+        return "tensorboard"
+    return None
+
+
+def detect_file(path: Path) -> str | None:
+    """The format of a log file, or ``None``."""
+    if tensorboard.MARKER in path.name or _tfrecord_header(path):
+        return "tensorboard"
+    if path.suffix == wandb.OFFLINE_SUFFIX:
+        return "wandb"
+    start = head(path)
+    kind = text_kind(start)
+    if kind == "csv":
+        header = csv_header(start)
+        if wandb.is_ui_export(header) or wandb.is_history(header):
+            return "wandb"
+        return "csv" if step_column(header) and len(header) > 1 else None
+    if kind == "jsonl":
+        return _json_row_format(first_json_line(start))
+    if kind == "json":
+        return _json_document_format(path, start)
+    return None
+
+
+def _json_row_format(row: object) -> str | None:
+    if not isinstance(row, dict):
+        return None
+    if "log_history" in row:
+        return "hf"
+    if isinstance(row.get("data"), dict) and isinstance(row.get("step"), int):
+        return "verl"
+    if wandb.is_history(row.keys()):
+        return "wandb"
+    return "jsonl" if step_column(row) else None
+
+
+def _json_document_format(path: Path, start: bytes) -> str | None:
+    """A JSON document: a ``log_history`` list, a ``trainer_state.json``, a W&B history in either layout."""
+    if start.lstrip().startswith(b"["):
+        first = first_list_item(start)
+        if isinstance(first, dict) and wandb.is_history(first.keys()):
+            return "wandb"
+        return "hf" if isinstance(first, dict) and "step" in first else None
+    if b'"log_history"' in start:
+        return "hf"
+    try:
+        document = json.loads(path.read_bytes())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if isinstance(document, dict):
+        if "log_history" in document:
+            return "hf"
+        if wandb.is_history(document.keys()) and all(isinstance(v, dict) for v in document.values()):
+            return "wandb"
+    return None
+
+
+def _tfrecord_header(path: Path) -> bool:
+    """Whether the file starts with a TFRecord header (length and its masked CRC32C), checked when the
+    tensorboard package is there to compute the CRC."""
+    start = head(path, 12)
+    if len(start) < 12:
+        return False
+    try:
+        from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+    except ImportError:
+        return False
+    return masked_crc32c(start[:8]) == struct.unpack("<I", start[8:12])[0]
