@@ -7,7 +7,8 @@ import io
 import json
 import math
 from collections.abc import Callable
-from typing import Any, NoReturn, TypeVar
+from enum import StrEnum
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -15,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from sorl_monitor.logs import FORMATS
 from sorl_monitor.query import QueryError, RunSet, open_runs
 
 console = Console()
@@ -44,9 +46,18 @@ def user_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def open_or_fail(paths: str | list[str]) -> RunSet:
+LogFormat = StrEnum("LogFormat", {name: name for name in FORMATS})
+"""The log formats ``--format`` accepts (``sorl_monitor.logs.FORMATS``)."""
+LogFormatOption = Annotated[
+    LogFormat | None, typer.Option("--format", help="Log format (default: detected; docs/logs.md).")
+]
+RUN_PATH_HELP = "A run folder, a folder of runs, or another tool's log (file or folder; docs/logs.md)."
+
+
+def open_or_fail(paths: str | list[str], fmt: LogFormat | str | None = None) -> RunSet:
+    """``open_runs(paths, fmt)``, or ``error: …`` and exit 2."""
     try:
-        return open_runs(paths)
+        return open_runs(paths, None if fmt is None else str(fmt))
     except QueryError as error:
         fail(str(error))
 

@@ -17,9 +17,10 @@ from typing import Annotated
 import typer
 
 import dashboard
-from cli.common import err_console, fail, user_errors
-from dashboard.common import CONFIG_ENV, LOG_DIR_ENV, OVERRIDES_ENV, REFRESH_ENV
+from cli.common import LogFormatOption, err_console, fail, user_errors
+from dashboard.common import CONFIG_ENV, FORMAT_ENV, LOG_DIR_ENV, OVERRIDES_ENV, REFRESH_ENV
 from sorl_monitor.detectors import load_config, preset_path
+from sorl_monitor.logs import FORMATS, detect_format
 
 APP = Path(dashboard.__file__).resolve().parent / "app.py"
 
@@ -59,7 +60,8 @@ def is_loopback(host: str) -> bool:
 @user_errors
 def dashboard_command(
     log_dir: Annotated[
-        Path, typer.Argument(help="The folder your Monitor writes runs to (or one run folder).")
+        Path,
+        typer.Argument(help="The folder your Monitor writes runs to (or one run), or another tool's log."),
     ],
     port: Annotated[int, typer.Option(min=1, max=65535, help="Port to serve on.")] = 8501,
     host: Annotated[
@@ -78,12 +80,16 @@ def dashboard_command(
         list[str] | None,
         typer.Option("--set", help="Override one detector setting: name=value (repeatable)."),
     ] = None,
+    fmt: LogFormatOption = None,
 ) -> None:
     """Start the live dashboard on LOG_DIR: curves, turns, gradients, alerts and verdict, read-only SQL."""
     if not log_dir.exists():
         fail(f"no such folder: {log_dir} (give the log_dir your Monitor writes to)")
-    if not log_dir.is_dir():
-        fail(f"not a folder: {log_dir} (give the log_dir your Monitor writes to)")
+    if not log_dir.is_dir() and fmt is None and detect_format(log_dir) is None:
+        fail(
+            f"not a folder: {log_dir} (give the log_dir your Monitor writes to), nor a log in a format "
+            f"I know ({', '.join(FORMATS)}); give --format to force one"
+        )
     load_config(config, set_ or ())
     try:
         socket.getaddrinfo(host, port)
@@ -107,6 +113,8 @@ def dashboard_command(
         )
     if set_:
         env[OVERRIDES_ENV] = "\n".join(set_)
+    if fmt is not None:
+        env[FORMAT_ENV] = str(fmt)
     err_console.print(f"sorl dashboard: http://{host}:{port} (Ctrl-C to stop)")
     command = streamlit_command(host, port)
     os.execve(command[0], command, env)

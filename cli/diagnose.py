@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import pyarrow as pa
 import typer
 
-from cli.common import console, fail, open_or_fail, print_table, user_errors
+from cli.common import RUN_PATH_HELP, LogFormatOption, console, fail, open_or_fail, print_table, user_errors
 from sorl_monitor.detectors import DetectorConfig, detect, load_config
 from sorl_monitor.postmortem import Verdict, label_collapse
 from sorl_monitor.postmortem import postmortem as run_postmortem
@@ -26,7 +26,7 @@ EXIT_HEALTHY = 0
 EXIT_COLLAPSE = 3
 """``sorl postmortem``: the run collapsed."""
 
-RunPath = Annotated[str, typer.Argument(help="A run folder, or a log folder that holds runs.")]
+RunPath = Annotated[str, typer.Argument(help=RUN_PATH_HELP)]
 RunOption = Annotated[str | None, typer.Option("--run", help="Run id, when the folder holds several runs.")]
 ConfigOption = Annotated[
     Path | None,
@@ -99,13 +99,14 @@ def postmortem(
     json_: Annotated[bool, typer.Option("--json", help="Print the verdict as JSON.")] = False,
     config_file: ConfigOption = None,
     set_: SetOption = None,
+    fmt: LogFormatOption = None,
 ) -> None:
     """Timeline, collapse, lead time, root cause and remedy of one run.
 
     Exit status: 0 no collapse, 3 collapse found, 2 user error.
     """
     config = _config(config_file, set_)
-    with open_or_fail(run) as run_set:
+    with open_or_fail(run, fmt) as run_set:
         verdict = run_postmortem(run_set, pick_run(run_set, run, run_id), config)
     if json_:
         typer.echo(json.dumps(verdict.to_dict()))
@@ -116,16 +117,17 @@ def postmortem(
 
 @user_errors
 def report(
-    runs: Annotated[list[str], typer.Argument(help="Run folders, or log folders of runs.")],
+    runs: Annotated[list[str], typer.Argument(help="Run folders, folders of runs, or logs (docs/logs.md).")],
     html_path: Annotated[Path, typer.Option("--html", help="Where to write the HTML page.")],
     config_file: ConfigOption = None,
     set_: SetOption = None,
+    fmt: LogFormatOption = None,
 ) -> None:
     """One self-contained HTML page (opens offline) with the curves, alerts and verdict of each run."""
     config = _config(config_file, set_)
     if html_path.is_dir():
         fail(f"--html must name a file, not the folder {html_path}")
-    with open_or_fail(runs) as run_set:
+    with open_or_fail(runs, fmt) as run_set:
         run_ids = _run_ids(run_set)
         count = write_report(run_set, run_ids, html_path, config)
     console.print(f"wrote {html_path} ({len(run_ids)} runs, {count} figures)")
@@ -145,17 +147,18 @@ FROM steps WHERE run_id = $run_id GROUP BY run_id
 
 @user_errors
 def compare(
-    run_a: Annotated[str, typer.Argument(help="First run folder.")],
-    run_b: Annotated[str, typer.Argument(help="Second run folder.")],
+    run_a: Annotated[str, typer.Argument(help="First run folder (or log).")],
+    run_b: Annotated[str, typer.Argument(help="Second run folder (or log).")],
     json_: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     config_file: ConfigOption = None,
     set_: SetOption = None,
+    fmt: LogFormatOption = None,
 ) -> None:
     """Side-by-side key metrics and verdicts of two runs."""
     config = _config(config_file, set_)
     columns: dict[str, dict[str, Any]] = {}
     for path in (run_a, run_b):
-        with open_or_fail(path) as run_set:
+        with open_or_fail(path, fmt) as run_set:
             run_id = pick_run(run_set, path, None)
             if run_id in columns:
                 fail(f"both arguments are run {run_id!r}")
@@ -196,6 +199,7 @@ def watch(
     ] = None,
     config_file: ConfigOption = None,
     set_: SetOption = None,
+    fmt: LogFormatOption = None,
 ) -> None:
     """Follow a live run and print alerts as they start (and CTN switches, and a labelled collapse).
 
@@ -203,7 +207,7 @@ def watch(
     """
     config = _config(config_file, set_)
     started = time.monotonic()
-    with open_or_fail(run) as run_set:
+    with open_or_fail(run, fmt) as run_set:
         run_id = pick_run(run_set, run, run_id)
         printed: set[tuple[int, str, str]] = set()
         collapse_shown = False

@@ -1,27 +1,35 @@
-"""``sorl ingest verl-jsonl FILE``: turn verl's file-logger output into a run, once or following it."""
+"""``sorl ingest PATH``: turn another tool's log into a run in our Parquet layout, once or following it."""
 
 from __future__ import annotations
 
 import signal
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
+import pyarrow.compute as pc
 import typer
 
-from cli.common import console, err_console, fail, user_errors
-from sorl_monitor.integrations.verl import ingest_verl_jsonl, parse_record, safe_run_name
+from cli.common import LogFormatOption, console, err_console, fail, user_errors
+from sorl_monitor.integrations.verl import parse_record
+from sorl_monitor.logs import LogSource, find_logs, fingerprint, read_source
+from sorl_monitor.logs.ingest import LINE_FORMATS, IngestReport, ingest_lines, ingest_run, parse_flat_line
 from sorl_monitor.monitor import Monitor
 from sorl_monitor.query import QueryError, open_runs
 from sorl_monitor.schema import check_run_id
 
-app = typer.Typer(help="Import the metrics another trainer wrote into a run.", no_args_is_help=True)
-
 FIRST_LINE_LIMIT = 1 << 20
+LINE_PARSERS: dict[str, Callable[[bytes], tuple[int, dict]]] = {
+    "verl": parse_record,
+    "jsonl": parse_flat_line,
+}
+LINE_SHAPES = {"verl": '{"step": N, "data": {...}} per line', "jsonl": "one JSON object with a step per line"}
 
 
-def first_line_error(path: Path, *, growing: bool) -> str | None:
-    """Why the file's first non-blank line is not a file-logger record; None if it is (or is still being written)."""
+def first_line_error(path: Path, fmt: str, *, growing: bool) -> str | None:
+    """Why the file's first non-blank line is not a ``fmt`` record; None if it is (or is still being written)."""
     with open(path, "rb") as handle:
         number = 0
         while line := handle.readline(FIRST_LINE_LIMIT):
@@ -33,7 +41,7 @@ def first_line_error(path: Path, *, growing: bool) -> str | None:
                     return None
             if line.strip():
                 try:
-                    parse_record(line)
+                    LINE_PARSERS[fmt](line)
                 except ValueError as error:
                     return f"line {number}: {error}"
                 return None
@@ -45,65 +53,26 @@ def last_ingested_step(run_dir: Path) -> int:
     if not run_dir.is_dir():
         return -1
     try:
-        with open_runs(run_dir) as runs:
+        with open_runs(run_dir, "sorl") as runs:
             value = runs.sql("SELECT max(step) FROM steps").column(0)[0].as_py()
     except QueryError:
         return -1
     return -1 if value is None else int(value)
 
 
-@app.command("verl-jsonl")
-@user_errors
-def verl_jsonl(
-    file: Annotated[
-        Path, typer.Argument(help='verl\'s file-logger output: one {"step": N, "data": {...}} per line.')
-    ],
-    log_dir: Annotated[Path, typer.Option("--log-dir", help="Folder that holds runs.")] = Path("runs"),
-    run: Annotated[
-        str | None, typer.Option("--run", help="Run name (default: the file's name, made safe).")
-    ] = None,
-    follow: Annotated[
-        bool, typer.Option("--follow", help="Keep reading as the file grows (Ctrl-C stops).")
-    ] = False,
-    idle_timeout: Annotated[
-        float | None,
-        typer.Option("--idle-timeout", min=0, help="With --follow: stop after this many idle seconds."),
-    ] = None,
-    poll: Annotated[
-        float, typer.Option("--poll", min=0.01, help="With --follow: seconds between reads.")
-    ] = 0.5,
-) -> None:
-    """Write each record of FILE as one steps row of a run; steps already in that run are skipped."""
-    if not file.exists():
-        fail(f"no such file: {file}")
-    if not file.is_file():
-        fail(f"not a file: {file} (give verl's file-logger .jsonl)")
-    if (problem := first_line_error(file, growing=follow)) is not None:
-        fail(f'{file} is not verl file-logger output ({{"step": N, "data": {{...}}}} per line): {problem}')
-    run_name = check_run_id(run) if run is not None else safe_run_name(file.stem)
-    after = last_ingested_step(log_dir / run_name)
+def open_monitor(
+    log_dir: Path, run_name: str, source: LogSource, config: dict, algorithm: str | None
+) -> Monitor:
+    config = {**config, "source": str(source.path), "format": source.format}
     try:
-        monitor = Monitor(log_dir, run_name, {"source": str(file.resolve())}, algorithm="verl")
+        return Monitor(log_dir, run_name, config, algorithm=algorithm)
     except OSError as error:
         fail(f"cannot write the run in {log_dir}: {error.strerror or error}")
-    stop = threading.Event()
-    previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
-    try:
-        report = ingest_verl_jsonl(
-            file,
-            monitor,
-            after_step=after,
-            follow=follow,
-            idle_timeout_s=idle_timeout,
-            poll_s=poll,
-            stop=stop,
-        )
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        monitor.close("ingested")
-    dropped = monitor.writer_stats().rows_dropped
+
+
+def print_report(report: IngestReport, source: Path, run_dir: Path, after: int, monitor: Monitor) -> None:
     console.print(
-        f"ingested {report.rows} rows from {file} into {log_dir / run_name}"
+        f"ingested {report.rows} rows from {source} into {run_dir}"
         + (f" (continuing after step {after})" if after >= 0 else ""),
         highlight=False,
     )
@@ -117,5 +86,126 @@ def verl_jsonl(
             highlight=False,
             soft_wrap=True,
         )
-    if dropped:
-        fail(f"{dropped} rows could not be written to {log_dir / run_name}", code=1)
+    if dropped := monitor.writer_stats().rows_dropped:
+        fail(f"{dropped} rows could not be written to {run_dir}", code=1)
+
+
+def ingest_line_log(
+    source: LogSource, log_dir: Path, run: str | None, follow: bool, idle_timeout: float | None, poll: float
+) -> None:
+    """Stream a verl or JSON-lines file into one run, line by line (following it with ``follow``)."""
+    if (problem := first_line_error(source.path, source.format, growing=follow)) is not None:
+        shape = LINE_SHAPES[source.format]
+        fail(f"{source.path} is not {source.format} output ({shape}): {problem}")
+    run_name = run or source.name
+    after = last_ingested_step(log_dir / run_name)
+    algorithm = "verl" if source.format == "verl" else None
+    monitor = open_monitor(log_dir, run_name, source, {}, algorithm)
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
+    try:
+        report = ingest_lines(
+            source.path,
+            monitor,
+            LINE_PARSERS[source.format],
+            family="verl" if source.format == "verl" else "auto",
+            after_step=after,
+            follow=follow,
+            idle_timeout_s=idle_timeout,
+            poll_s=poll,
+            stop=stop,
+        )
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        monitor.close("ingested")
+    print_report(report, source.path, log_dir / run_name, after, monitor)
+
+
+def ingest_whole_log(
+    source: LogSource, log_dir: Path, run: str | None, follow: bool, idle_timeout: float | None, poll: float
+) -> None:
+    """Read a log whole and write each of its runs; with ``follow``, read it again whenever its files change
+    and write the steps after the last one written."""
+    runs = read_source(source)
+    if run is not None and len(runs) > 1:
+        fail(f"{source.path} holds {len(runs)} runs; --run names one run")
+    written: dict[
+        str, tuple[Monitor, int, int, IngestReport]
+    ] = {}  # monitor, resumed after, last step, report
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stamp, idle_since = fingerprint(source), time.monotonic()
+    try:
+        while True:
+            for foreign in runs:
+                name = run or foreign.run_id
+                if name not in written:
+                    after = last_ingested_step(log_dir / name)
+                    config = foreign.info.get("config") or {}
+                    monitor = open_monitor(log_dir, name, source, config, foreign.info.get("algorithm"))
+                    written[name] = (monitor, after, after, IngestReport())
+                monitor, after, last, total = written[name]
+                report = ingest_run(foreign, monitor, last)
+                total.rows += report.rows
+                total.already_ingested += report.already_ingested if last == after else 0
+                if report.rows:
+                    last = max(last, pc.max(foreign.steps.column("step")).as_py())
+                written[name] = (monitor, after, last, total)
+            if not follow:
+                break
+            while not stop.is_set():
+                time.sleep(poll)
+                if (now := fingerprint(source)) != stamp:
+                    stamp, idle_since = now, time.monotonic()
+                    runs = read_source(source)
+                    break
+                if idle_timeout is not None and time.monotonic() - idle_since > idle_timeout:
+                    stop.set()
+            if stop.is_set():
+                break
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        for monitor, *_ in written.values():
+            monitor.close("ingested")
+    for name, (monitor, after, _last, total) in written.items():
+        print_report(total, source.path, log_dir / name, after, monitor)
+
+
+@user_errors
+def ingest(
+    path: Annotated[Path, typer.Argument(help="A log in any format sorl reads (docs/logs.md).")],
+    fmt: LogFormatOption = None,
+    log_dir: Annotated[Path, typer.Option("--log-dir", help="Folder that holds runs.")] = Path("runs"),
+    run: Annotated[
+        str | None, typer.Option("--run", help="Run name (default: from the log or its file).")
+    ] = None,
+    follow: Annotated[
+        bool, typer.Option("--follow", help="Keep reading as the log grows (Ctrl-C stops).")
+    ] = False,
+    idle_timeout: Annotated[
+        float | None,
+        typer.Option("--idle-timeout", min=0, help="With --follow: stop after this many idle seconds."),
+    ] = None,
+    poll: Annotated[
+        float, typer.Option("--poll", min=0.01, help="With --follow: seconds between reads.")
+    ] = 0.5,
+) -> None:
+    """Write the steps of the log at PATH into a run under --log-dir; steps already in that run are skipped."""
+    if not path.exists():
+        fail(f"no such file or directory: {path}")
+    if fmt == "sorl":
+        fail(f"{path} is given as sorl's own format: there is nothing to ingest")
+    if run is not None:
+        check_run_id(run)
+    sources = find_logs(path, None if fmt is None else str(fmt))
+    if not sources:
+        fail(f"no log found in {path} (formats and how they are told apart: docs/logs.md)")
+    if len(sources) > 1:
+        fail(
+            f"{path} holds {len(sources)} logs; ingest one at a time ({', '.join(str(s.path) for s in sources[:3])}…)"
+        )
+    source = sources[0]
+    ingest_one = (
+        ingest_line_log if source.format in LINE_FORMATS and source.path.is_file() else ingest_whole_log
+    )
+    ingest_one(source, log_dir, run, follow, idle_timeout, poll)

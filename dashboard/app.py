@@ -28,7 +28,9 @@ if settings.log_dir is None:
     )
     st.stop()
 try:
-    live = common.live_runs(str(settings.log_dir), settings.detector_config, settings.detector_overrides)
+    live = common.live_runs(
+        str(settings.log_dir), settings.detector_config, settings.detector_overrides, settings.log_format
+    )
 except ValueError as error:
     st.error(f"Bad detector settings: {error}")
     st.stop()

@@ -23,6 +23,8 @@ CONFIG_ENV = "SORL_DASHBOARD_DETECTOR_CONFIG"
 """A TOML file of detector settings (``sorl dashboard --config``)."""
 OVERRIDES_ENV = "SORL_DASHBOARD_DETECTOR_SET"
 """Detector overrides, one ``name=value`` a line (``sorl dashboard --set``)."""
+FORMAT_ENV = "SORL_DASHBOARD_LOG_FORMAT"
+"""The log format ``sorl dashboard --format`` forces (``sorl_monitor.logs.FORMATS``); detected when unset."""
 DEFAULT_REFRESH_S = 2.0
 logger = logging.getLogger("sorl_monitor.dashboard")
 
@@ -35,6 +37,7 @@ class Settings:
     refresh_s: float
     detector_config: str | None = None
     detector_overrides: tuple[str, ...] = ()
+    log_format: str | None = None
 
 
 def settings() -> Settings:
@@ -46,18 +49,27 @@ def settings() -> Settings:
         refresh = DEFAULT_REFRESH_S
     overrides = tuple(line for line in os.environ.get(OVERRIDES_ENV, "").splitlines() if line.strip())
     return Settings(
-        Path(raw) if raw else None, max(0.5, refresh), os.environ.get(CONFIG_ENV) or None, overrides
+        Path(raw) if raw else None,
+        max(0.5, refresh),
+        os.environ.get(CONFIG_ENV) or None,
+        overrides,
+        os.environ.get(FORMAT_ENV) or None,
     )
 
 
 @st.cache_resource(show_spinner=False, on_release=LiveRuns.close)
-def live_runs(log_dir: str, detector_config: str | None, detector_overrides: tuple[str, ...]) -> LiveRuns:
+def live_runs(
+    log_dir: str,
+    detector_config: str | None,
+    detector_overrides: tuple[str, ...],
+    log_format: str | None = None,
+) -> LiveRuns:
     """One ``LiveRuns`` per log dir and detector settings, shared by every viewer (each part is read once);
     closed when the cache drops it or the server exits.
 
     ``ValueError`` (a one-line message) for bad detector settings.
     """
-    return LiveRuns(log_dir, detector_config=load_config(detector_config, detector_overrides))
+    return LiveRuns(log_dir, detector_config=load_config(detector_config, detector_overrides), fmt=log_format)
 
 
 atexit.register(live_runs.clear)

@@ -44,7 +44,7 @@ from sorl_monitor.detectors import ALERT_COLUMNS, ArrowDetector, DetectorConfig,
 from sorl_monitor.postmortem import COLLAPSE_SQL, Verdict, postmortem
 from sorl_monitor.query import READ_ATTEMPTS, STALE_AFTER_S, CorruptPartWarning, QueryError, RunSet, open_runs
 from sorl_monitor.report import alert_onsets, ctn_spans
-from sorl_monitor.schema import SCHEMAS
+from sorl_monitor.schema import SCHEMAS, conform
 
 TURN_CELLS_SQL = """
 SELECT step, turn_idx,
@@ -245,13 +245,17 @@ class _RunCache:
     version: int = 0
     memo: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     pending_verdict: concurrent.futures.Future | None = None
+    foreign: pa.Table | None = None
+    """A foreign log's rows as the query layer read them (``steps`` holds them conformed)."""
 
 
 class LiveRuns:
     """Incrementally read runs of one log dir (see module docstring); safe to share between sessions.
 
     Args:
-        log_dir: the folder a ``Monitor`` writes runs to (or a single run folder).
+        log_dir: the folder a ``Monitor`` writes runs to (or a single run folder), or another tool's log
+            (its runs' ``steps`` only; ``sorl_monitor.logs``).
+        fmt: force that log's format (``logs.FORMATS``); detected when ``None``.
         min_refresh_s: ``refresh`` calls closer together than this do nothing (many viewers, one read).
         detector_config: thresholds for the detector markers, the collapse label and the verdict.
         verdict_every_s: while a run is live its post-mortem is recomputed at most this often.
@@ -264,8 +268,10 @@ class LiveRuns:
         min_refresh_s: float = 1.0,
         detector_config: DetectorConfig | None = None,
         verdict_every_s: float = 30.0,
+        fmt: str | None = None,
     ) -> None:
         self.log_dir = Path(log_dir)
+        self.fmt = fmt
         self.min_refresh_s = min_refresh_s
         self.detector_config = detector_config or DetectorConfig()
         self.verdict_every_s = verdict_every_s
@@ -314,6 +320,10 @@ class LiveRuns:
         changed = False
         for row in self._infos.select(["run_id", "path"]).to_pylist():
             cache = self._runs.setdefault(row["run_id"], _RunCache(Path(row["path"])))
+            foreign = self.run_set.foreign.get(row["run_id"])
+            if foreign is not None:
+                changed |= self._take_foreign_steps(cache, foreign.steps)
+                continue
             for table in ("steps", *sorted(cache.wanted)):
                 changed |= self._read_new_parts(cache, table)
         return changed
@@ -322,12 +332,12 @@ class LiveRuns:
         if not self.log_dir.exists():
             self.problem = f"The folder {self.log_dir} does not exist (yet). Point the dashboard at the log_dir your Monitor writes to."
             return False
-        if not self.log_dir.is_dir():
-            self.problem = f"{self.log_dir} is a file, not a folder of runs."
-            return False
         try:
-            self.run_set = open_runs(self.log_dir)
-        except QueryError:
+            self.run_set = open_runs(self.log_dir, self.fmt)
+        except QueryError as error:
+            if not self.log_dir.is_dir():
+                self.problem = f"{self.log_dir} is a file that cannot be read as a log: {error}"
+                return False
             self.problem = (
                 f"No runs in {self.log_dir} yet. Start training with Monitor(log_dir={str(self.log_dir)!r}); "
                 "this page picks the run up by itself."
@@ -337,6 +347,17 @@ class LiveRuns:
             self.problem = f"Cannot read {self.log_dir}: {error.strerror or error}."
             return False
         self.problem = None
+        return True
+
+    @staticmethod
+    def _take_foreign_steps(cache: _RunCache, steps: pa.Table) -> bool:
+        """Keep a foreign log's ``steps`` rows (the query layer re-reads the log when it changes)."""
+        if cache.foreign is steps:
+            return False
+        cache.foreign = steps
+        cache.steps = conform("steps", steps)
+        cache.version += 1
+        cache.memo.clear()
         return True
 
     def _new_parts(self, cache: _RunCache, table: str) -> list[str]:
@@ -643,7 +664,9 @@ class LiveRuns:
 
     def _postmortem(self, run_id: str, path: Path, version: int) -> tuple[int, Verdict]:
         run_set = self._single_run_sets.get(run_id)
-        if run_set is None:
+        if self.run_set is not None and run_id in self.run_set.foreign:
+            run_set = self.run_set  # held in memory: no second read of the log
+        elif run_set is None:
             run_set = self._single_run_sets[run_id] = open_runs(path)
         else:
             run_set.refresh()

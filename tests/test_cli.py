@@ -36,7 +36,7 @@ def test_query_prints_csv_and_json(run_dir):
 
 
 def test_summary_of_one_run(run_dir):
-    result = invoke("summary", run_dir, "--format", "json")
+    result = invoke("summary", run_dir, "--json")
     metrics = {row["metric"]: row for row in json.loads(result.output)}
     assert result.exit_code == 0 and metrics["ratio_mean"]["n"] == 6
 

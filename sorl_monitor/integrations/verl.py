@@ -7,11 +7,11 @@
     in ``response_mask``: verl's agent loop marks LLM tokens 1 and tool/observation tokens 0). It runs
     in each actor worker, so every rank writes its own partition. The richest path.
 (b) ``SorlTracking``: a tracking backend (``log(data, step)``, ``finish()``) for verl's ``Tracking``;
-    every ``data`` dict becomes one ``steps`` row, names mapped by ``names.VERL_NAMES``. verl's trainer
+    every ``data`` dict becomes one ``steps`` row, names mapped with the ``verl`` name table. verl's trainer
     builds its ``Tracking`` inside ``fit()`` from a fixed list of backends, so ``install_tracking_backend``
     adds this one to every ``Tracking`` a process creates.
 (c) ``ingest_verl_jsonl``: reads verl's ``file`` logger output (``{"step": N, "data": {...}}`` per
-    line), optionally following the file as it grows (``sorl ingest verl-jsonl FILE [--follow]``).
+    line), optionally following the file as it grows (``sorl ingest FILE [--follow]``).
 
 Signatures looked up in verl's source: ``PolicyLossFn`` and ``register_policy_loss`` in
 ``verl/trainer/ppo/core_algos.py``; the actor calls the loss with keywords (``dp_actor.update_policy``).
@@ -25,17 +25,15 @@ import json
 import os
 import re
 import threading
-import time
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from sorl_monitor.integrations.batches import TokenBatch, concat_batches, log_batch
-from sorl_monitor.integrations.names import TAP_MEASURED, VERL_NAMES, to_columns
+from sorl_monitor.integrations.names import TAP_MEASURED, map_metrics, names_for
+from sorl_monitor.logs.ingest import IngestReport, ingest_lines
 from sorl_monitor.monitor import Monitor, MonitorWarning
 
 VERL_LOSS_PARAMETERS = (
@@ -183,7 +181,7 @@ class MonitoredPolicyLoss:
             self.monitor = self._start(config)
         if self.accumulate is None:
             self.accumulate = micro_batches_per_update(config)
-        metrics = to_columns(pg_metrics, VERL_NAMES)
+        metrics = map_metrics(pg_metrics, "verl")
         metrics["pg_loss"] = float(pg_loss.detach())
         self._batches.append(
             TokenBatch.detached(
@@ -234,15 +232,15 @@ class SorlTracking:
         config: Any = None,
         *,
         monitor: Monitor | None = None,
-        names: Mapping[str, str] = VERL_NAMES,
+        names: str | Mapping[str, str] = "verl",
     ) -> None:
+        self.names = names_for(names)
         self.monitor = monitor or Monitor(log_dir, run_name, config_dict(config), algorithm="verl")
-        self.names = dict(names)
 
     def log(self, data: Mapping[str, Any], step: int) -> None:
         """One row at ``step`` from verl's metrics dict (never raises)."""
         try:
-            self.monitor.log_scalars(int(step), to_columns(data, self.names))
+            self.monitor.log_scalars(int(step), data, names=self.names)
         except Exception as error:  # noqa: BLE001
             warnings.warn(f"sorl-monitor: cannot log verl metrics ({error})", MonitorWarning, stacklevel=2)
 
@@ -288,18 +286,6 @@ def install_tracking_backend(log_dir: str | os.PathLike[str] = "runs", run_name:
 
 
 # ---------------------------------------------------------------------- (c) file-logger output
-FLUSH_EVERY_ROWS = 1000
-
-
-@dataclass
-class IngestReport:
-    """What one ``ingest_verl_jsonl`` did: lines read, rows written, lines skipped and why."""
-
-    lines: int = 0
-    rows: int = 0
-    already_ingested: int = 0
-    bad_lines: list[int] = field(default_factory=list)
-    first_error: str = ""
 
 
 def parse_record(line: bytes) -> tuple[int, dict[str, Any]]:
@@ -327,58 +313,18 @@ def ingest_verl_jsonl(
     idle_timeout_s: float | None = None,
     poll_s: float = 0.5,
     stop: threading.Event | None = None,
-    names: Mapping[str, str] = VERL_NAMES,
+    names: str | Mapping[str, str] = "verl",
 ) -> IngestReport:
-    """Write each record of verl's file-logger output with ``step > after_step`` as one ``steps`` row.
-
-    With ``follow``, keep reading as the file grows (an incomplete last line waits for its end; a file
-    that shrinks — verl reopens it with ``"wb"`` on restart — is read again from the start, steps
-    already written skipped) until ``stop`` is set or nothing new arrives for ``idle_timeout_s``.
-    Rows are flushed after each read, so a follower's rows reach disk as they come.
-    """
-    report = IngestReport()
-    last_step = after_step
-    position = 0
-    line_number = 0
-    idle_since = time.monotonic()
-    pending = b""
-    with open(path, "rb") as handle:
-        while True:
-            if Path(path).stat().st_size < position:  # truncated and rewritten: start over
-                handle.seek(0)
-                position, line_number, pending = 0, 0, b""
-            chunk = handle.read(1 << 20)
-            position += len(chunk)
-            pending += chunk
-            *lines, pending = pending.split(b"\n")
-            if not follow and not chunk and pending.strip():
-                lines, pending = [pending], b""  # the last line has no newline: it is complete
-            for line in lines:
-                line_number += 1
-                if not line.strip():
-                    continue
-                report.lines += 1
-                try:
-                    step, data = parse_record(line)
-                except ValueError as error:
-                    report.bad_lines.append(line_number)
-                    report.first_error = report.first_error or f"line {line_number}: {error}"
-                    continue
-                if step <= last_step:
-                    report.already_ingested += 1
-                    continue
-                monitor.log_scalars(step, to_columns(data, names))
-                last_step = step
-                report.rows += 1
-                if report.rows % FLUSH_EVERY_ROWS == 0:
-                    monitor.flush()  # back-pressure: a long file never overflows the writer's queue
-            if lines:
-                monitor.flush()
-                idle_since = time.monotonic()
-            if chunk:
-                continue
-            if not follow or (stop is not None and stop.is_set()):
-                return report
-            if idle_timeout_s is not None and time.monotonic() - idle_since > idle_timeout_s:
-                return report
-            time.sleep(poll_s)
+    """Write each record of verl's file-logger output with ``step > after_step`` as one ``steps`` row
+    (``logs.ingest.ingest_lines`` with ``parse_record``: ``follow`` keeps reading as the file grows)."""
+    return ingest_lines(
+        path,
+        monitor,
+        parse_record,
+        family=names,
+        after_step=after_step,
+        follow=follow,
+        idle_timeout_s=idle_timeout_s,
+        poll_s=poll_s,
+        stop=stop,
+    )

@@ -9,6 +9,7 @@ wide; ``foreign_run`` then merges rows of one step, maps the names (``names.map_
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +20,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sorl_monitor.integrations.names import guess_family, map_metrics, scalar
-from sorl_monitor.integrations.verl import safe_run_name
 
 STEP_COLUMNS = (
     "step",
@@ -71,9 +71,13 @@ class ForeignRun:
     """One row per logged training step: ``run_id, rank, step, wall_time`` (when known), the mapped columns."""
 
 
+_UNSAFE = re.compile(r"[^A-Za-z0-9._=+-]+")
+
+
 def run_name(text: str) -> str:
-    """``text`` (a file stem, a folder, a run name from the log) made a valid run id."""
-    return safe_run_name(text, default="run")
+    """``text`` (a file stem, a folder, a run name from the log) made a valid run id: runs of other
+    characters become ``-`` (``grpo exp#1`` → ``grpo-exp-1``), as ``integrations.verl.safe_run_name`` does."""
+    return _UNSAFE.sub("-", text).lstrip("._=+-")[:128] or "run"
 
 
 def unique_ids(runs: Iterable[ForeignRun], taken: Iterable[str] = ()) -> None:

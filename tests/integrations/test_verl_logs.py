@@ -1,4 +1,4 @@
-"""verl's metrics dicts: the tracking-backend adapter and ``sorl ingest verl-jsonl`` (once and --follow)."""
+"""verl's metrics dicts: the tracking-backend adapter and ``sorl ingest`` of verl files (once and --follow)."""
 
 from __future__ import annotations
 
@@ -168,7 +168,7 @@ runner = CliRunner()
 def test_cli_ingest_prints_what_it_did_and_names_the_run_after_the_file(tmp_path):
     source = tmp_path / "grpo exp#1.jsonl"
     write_lines(source, range(1, 4))
-    result = runner.invoke(app, ["ingest", "verl-jsonl", str(source), "--log-dir", str(tmp_path / "runs")])
+    result = runner.invoke(app, ["ingest", str(source), "--log-dir", str(tmp_path / "runs")])
     assert result.exit_code == 0, result.output
     assert "ingested 3 rows" in result.output
     assert [p.name for p in (tmp_path / "runs").iterdir()] == ["grpo-exp-1"]
@@ -181,7 +181,7 @@ def test_cli_follow_streams_a_growing_file_and_stops_cleanly_on_ctrl_c(tmp_path)
     source = tmp_path / "exp.jsonl"
     source.write_bytes(b"")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    command = [sys.executable, "-m", "cli.main", "ingest", "verl-jsonl", str(source), "--follow", "--poll", "0.05",
+    command = [sys.executable, "-m", "cli.main", "ingest", str(source), "--follow", "--poll", "0.05",
                "--log-dir", str(tmp_path / "runs")]  # fmt: skip
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

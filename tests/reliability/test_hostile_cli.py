@@ -27,23 +27,25 @@ def paths(tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a folder")
     run = write_run(tmp_path / "logs", "run", updates=1)
+    empty = tmp_path / "empty"
+    empty.mkdir()
     return {"good": good, "binary": binary, "wrong": wrong, "long": long_line, "blocker": blocker,
-            "run": run, "missing": tmp_path / "missing.jsonl", "dir": tmp_path}  # fmt: skip
+            "run": run, "missing": tmp_path / "missing.jsonl", "dir": tmp_path, "empty": empty}  # fmt: skip
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["ingest", "verl-jsonl", "{missing}"], "no such file"),
-        (["ingest", "verl-jsonl", "{dir}"], "not a file"),
-        (["ingest", "verl-jsonl", "{binary}"], "not verl file-logger output"),
-        (["ingest", "verl-jsonl", "{wrong}"], "not verl file-logger output"),
-        (["ingest", "verl-jsonl", "{long}"], "longer than 1 MiB"),
-        (["ingest", "verl-jsonl", "{good}", "--run", "../escape"], "not allowed"),
-        (["ingest", "verl-jsonl", "{good}", "--run", "a/b"], "not allowed"),
-        (["ingest", "verl-jsonl", "{good}", "--run", ""], "not allowed"),
-        (["ingest", "verl-jsonl", "{good}", "--run", "x" * 200], "not allowed"),
-        (["ingest", "verl-jsonl", "{good}", "--log-dir", "{blocker}/runs"], "cannot write the run"),
+        (["ingest", "{missing}"], "no such file"),
+        (["ingest", "{empty}"], "no log found"),
+        (["ingest", "{binary}"], "nor a log in a format I know"),
+        (["ingest", "{wrong}", "--format", "verl"], "is not verl output"),
+        (["ingest", "{long}", "--format", "verl"], "longer than 1 MiB"),
+        (["ingest", "{good}", "--run", "../escape"], "not allowed"),
+        (["ingest", "{good}", "--run", "a/b"], "not allowed"),
+        (["ingest", "{good}", "--run", ""], "not allowed"),
+        (["ingest", "{good}", "--run", "x" * 200], "not allowed"),
+        (["ingest", "{good}", "--log-dir", "{blocker}/runs"], "cannot write the run"),
         (
             ["query", "{run}", "EXPLAIN ANALYZE COPY (SELECT 1) TO '{run}/steps/rank=0/part-9.parquet'"],
             "read-only",
@@ -63,16 +65,18 @@ def test_mistakes_and_attacks_get_one_error_line_and_exit_2(paths, args, message
     )
 
 
-@pytest.mark.parametrize(("option", "value"), [("--idle-timeout", "-1"), ("--poll", "0"), ("--poll", "nan?")])
+@pytest.mark.parametrize(
+    ("option", "value"), [("--idle-timeout", "-1"), ("--poll", "0"), ("--poll", "nan?"), ("--format", "nope")]
+)
 def test_out_of_range_options_are_usage_errors(paths, option, value):
-    result = runner.invoke(app, ["ingest", "verl-jsonl", str(paths["good"]), option, value])
+    result = runner.invoke(app, ["ingest", str(paths["good"]), option, value])
     assert result.exit_code == 2 and "Traceback" not in result.output
 
 
 def test_a_huge_number_in_a_record_is_stored_not_fatal(paths, tmp_path):
     source = tmp_path / "huge.jsonl"
     source.write_text('{"step": 1, "data": {"perf/total_num_tokens": 1' + "0" * 400 + ', "x": 1e999}}\n')
-    result = runner.invoke(app, ["ingest", "verl-jsonl", str(source), "--log-dir", str(tmp_path / "runs")])
+    result = runner.invoke(app, ["ingest", str(source), "--log-dir", str(tmp_path / "runs")])
     assert result.exit_code == 0, result.output
     result = runner.invoke(
         app, ["query", str(tmp_path / "runs"), "SELECT perf_total_num_tokens AS t, x FROM steps", "--json"]

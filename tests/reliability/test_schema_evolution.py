@@ -68,5 +68,5 @@ def test_old_and_new_runs_side_by_side_in_overview_and_summary(tmp_path):
         old = {r["metric"]: r for r in metric_summary(runs, "old").to_pylist()}
     assert overview["old"]["updates"] == 3 and overview["new"]["updates"] == 1
     assert old["loss"]["n"] == 3 and old["clipfrac"]["max"] == 0.2
-    result = CliRunner().invoke(app, ["summary", str(tmp_path), "--run", "old", "--format", "json"])
+    result = CliRunner().invoke(app, ["summary", str(tmp_path), "--run", "old", "--json"])
     assert result.exit_code == 0 and {"loss", "clipfrac"} <= {r["metric"] for r in json.loads(result.stdout)}

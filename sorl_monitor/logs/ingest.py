@@ -1,0 +1,172 @@
+"""Write another tool's log into a run through ``Monitor.log_scalars`` (``sorl ingest``).
+
+Line logs (verl's file logger, flat JSON lines) are streamed: each line becomes a row as it is read, and a
+follower keeps reading as the file grows. Other logs are read whole (``read_source``) and their rows
+after the last step already in the run are written; a follower reads them again when their files change.
+Names arrive already mapped to ``steps`` columns (``names.map_metrics``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sorl_monitor.integrations.names import guess_family, map_metrics
+from sorl_monitor.logs.table import (
+    DROPPED_COLUMNS,
+    ForeignRun,
+    flat_record,
+    step_column,
+    without_trainer_prefix,
+)
+from sorl_monitor.schema import KEYS
+
+if TYPE_CHECKING:
+    from sorl_monitor.monitor import Monitor
+
+LINE_FORMATS = ("verl", "jsonl")
+"""Formats ingested line by line (and followed as they grow)."""
+FLUSH_EVERY_ROWS = 1000
+"""Rows between flushes while a long file is read: back-pressure, so the writer's queue never overflows."""
+
+LineParser = Callable[[bytes], tuple[int, dict[str, Any]]]
+
+
+@dataclass
+class IngestReport:
+    """What one ingest did: lines read, rows written, lines skipped and why."""
+
+    lines: int = 0
+    rows: int = 0
+    already_ingested: int = 0
+    bad_lines: list[int] = field(default_factory=list)
+    first_error: str = ""
+
+
+def parse_flat_line(line: bytes) -> tuple[int, dict[str, Any]]:
+    """``(step, metrics)`` of one flat JSON line (nested objects flattened, the step column and W&B
+    bookkeeping removed); ``ValueError`` if it is not an object with an integer step."""
+    try:
+        record = json.loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"not JSON ({error})") from None
+    if not isinstance(record, dict):
+        raise ValueError("not a JSON object")
+    flat = flat_record(record)
+    name = step_column(flat)
+    if name is None:
+        raise ValueError("no step column")
+    step = flat.pop(name)
+    if isinstance(step, float) and step.is_integer():
+        step = int(step)
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 2**63:
+        raise ValueError(f"step {step!r} is not an integer in 0 … 2^63 − 1")
+    return step, {k: v for k, v in flat.items() if k not in DROPPED_COLUMNS}
+
+
+class _Names:
+    """Maps each row with one family, guessed from the first row's names (``train/`` prefix as the readers
+    treat it), unless given."""
+
+    def __init__(self, family: str | Mapping[str, str] | None) -> None:
+        self.family = family
+        self.renamed: dict[str, str] | None = None if family == "auto" else {}
+
+    def __call__(self, data: Mapping[str, Any]) -> dict[str, Any]:
+        if self.renamed is None:
+            self.renamed = without_trainer_prefix(list(data))
+            self.family = guess_family(self.renamed.values())
+        return map_metrics({self.renamed.get(k, k): v for k, v in data.items()}, self.family)
+
+
+def ingest_lines(
+    path: str | os.PathLike[str],
+    monitor: Monitor,
+    parse: LineParser,
+    *,
+    family: str | Mapping[str, str] | None = "auto",
+    after_step: int = -1,
+    follow: bool = False,
+    idle_timeout_s: float | None = None,
+    poll_s: float = 0.5,
+    stop: threading.Event | None = None,
+) -> IngestReport:
+    """Write each line's record with ``step > after_step`` as one ``steps`` row (names mapped with
+    ``family``; ``"auto"``: guessed from the first record).
+
+    With ``follow``, keep reading as the file grows (an incomplete last line waits for its end; a file that
+    shrinks — verl reopens it with ``"wb"`` on restart — is read again from the start, steps already
+    written skipped) until ``stop`` is set or nothing new arrives for ``idle_timeout_s``. Rows are flushed
+    after each read, so a follower's rows reach disk as they come.
+    """
+    names = _Names(family)
+    report = IngestReport()
+    last_step = after_step
+    position = 0
+    line_number = 0
+    idle_since = time.monotonic()
+    pending = b""
+    with open(path, "rb") as handle:
+        while True:
+            if Path(path).stat().st_size < position:  # truncated and rewritten: start over
+                handle.seek(0)
+                position, line_number, pending = 0, 0, b""
+            chunk = handle.read(1 << 20)
+            position += len(chunk)
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            if not follow and not chunk and pending.strip():
+                lines, pending = [pending], b""  # the last line has no newline: it is complete
+            for line in lines:
+                line_number += 1
+                if not line.strip():
+                    continue
+                report.lines += 1
+                try:
+                    step, data = parse(line)
+                except ValueError as error:
+                    report.bad_lines.append(line_number)
+                    report.first_error = report.first_error or f"line {line_number}: {error}"
+                    continue
+                if step <= last_step:
+                    report.already_ingested += 1
+                    continue
+                monitor.log_scalars(step, names(data))
+                last_step = step
+                report.rows += 1
+                if report.rows % FLUSH_EVERY_ROWS == 0:
+                    monitor.flush()
+            if lines:
+                monitor.flush()
+                idle_since = time.monotonic()
+            if chunk:
+                continue
+            if not follow or (stop is not None and stop.is_set()):
+                return report
+            if idle_timeout_s is not None and time.monotonic() - idle_since > idle_timeout_s:
+                return report
+            time.sleep(poll_s)
+
+
+def ingest_run(run: ForeignRun, monitor: Monitor, after_step: int = -1) -> IngestReport:
+    """Write the rows of a run read whole (its names already mapped) with ``step > after_step``."""
+    report = IngestReport()
+    metrics = [name for name in run.steps.column_names if name not in KEYS]
+    for row in run.steps.select(["step", *metrics]).to_pylist():
+        step = row.pop("step")
+        if step <= after_step:
+            report.already_ingested += 1
+            continue
+        monitor.log_scalars(step, {k: v for k, v in row.items() if v is not None})
+        report.rows += 1
+        if report.rows % FLUSH_EVERY_ROWS == 0:
+            monitor.flush()
+    report.lines = run.steps.num_rows
+    monitor.flush()
+    return report
