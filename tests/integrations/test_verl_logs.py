@@ -57,7 +57,7 @@ def test_tracking_adapter_writes_one_row_per_log_call_under_schema_names(tmp_pat
         tracker.log(data=verl_metrics(step), step=step)
     tracker.finish()
     rows = steps_of(tmp_path, "step, clip_frac_active, dual_clip_frac, kl_old_k1, grad_norm, reward_mean, "
-                              "response_length_mean, num_turns_mean, timing_s_gen")  # fmt: skip
+                              "completion_len_mean, num_turns_mean, timing_s_gen")  # fmt: skip
     assert [r["step"] for r in rows] == [1, 2, 3]
     third = rows[2]
     assert third["clip_frac_active"] == pytest.approx(0.03) and third["dual_clip_frac"] == pytest.approx(
@@ -65,7 +65,7 @@ def test_tracking_adapter_writes_one_row_per_log_call_under_schema_names(tmp_pat
     )
     assert third["kl_old_k1"] == pytest.approx(0.006) and third["grad_norm"] == 1.5
     assert third["reward_mean"] == pytest.approx(0.3) and third["num_turns_mean"] == 5
-    assert third["response_length_mean"] == 120.0 and third["timing_s_gen"] == 2.5
+    assert third["completion_len_mean"] == 120.0 and third["timing_s_gen"] == 2.5
 
 
 def test_tracking_adapter_drops_values_that_are_not_scalars_and_keeps_the_rest(tmp_path):
