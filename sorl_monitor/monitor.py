@@ -36,12 +36,12 @@ import torch
 from torch import Tensor, nn
 
 from sorl_monitor import __version__
+from sorl_monitor.integrations.names import guess_family, map_metrics
 from sorl_monitor.metrics import TURN_COLUMNS, module_norms, update_metrics
 from sorl_monitor.schema import KEYS, RUN_FILE, SCHEMA_VERSION, SEVERITIES, check_run_id, column_name
 from sorl_monitor.writer import ParquetStreamWriter, WriterStats, write_json_atomic
 
 _NUMERIC = re.compile(r"^\d+$")
-_PLAIN = frozenset({float, int, bool, str, type(None)})
 
 
 class MonitorWarning(RuntimeWarning):
@@ -146,6 +146,7 @@ class Monitor:
         self._warned: set[str] = set()
         self._dropped_reported = 0
         self._closed = False
+        self.trainer_family: str | None = None  # the family log_scalars(names="auto") maps with
         self._meta: dict[str, Any] = {
             "run_id": self.run_id,
             "algorithm": algorithm,
@@ -333,21 +334,25 @@ class Monitor:
         ppo_epoch: int = 0,
         minibatch: int = 0,
         policy_lag: int = 0,
+        names: str | Mapping[str, str] | None = "auto",
     ) -> None:
-        """Log a metrics dict as one ``steps`` row (names become snake_case columns). Never raises."""
+        """Log a trainer's metrics dict as one ``steps`` row, its names mapped to schema columns. Never raises.
+
+        ``names``: ``"auto"`` maps with the table of the trainer family guessed from the keys
+        (``names.guess_family``; the first call whose keys name one fixes ``trainer_family`` for the run);
+        a family (``"trl"``, ``"verl"``, … ``names.NAME_TABLES``) or a ``{trainer name: column}`` mapping
+        forces a table; ``None`` maps nothing. Unmapped names become snake_case columns; values that are
+        not scalars (lists, multi-element tensors) are left out.
+        """
         if not self.enabled or self._closed:
             return
         try:
+            if names == "auto":
+                if self.trainer_family is None:
+                    self.trainer_family = guess_family(scalars)
+                names = self.trainer_family
             row: dict[str, Any] = self._keys(step, iteration, ppo_epoch, minibatch, policy_lag)
-            for name, value in scalars.items():
-                if type(value) not in _PLAIN:
-                    if isinstance(value, Tensor):
-                        value = value.detach().reshape(()).item()
-                    elif isinstance(value, np.generic):
-                        value = value.item()
-                    elif not isinstance(value, bool | int | float | str):
-                        continue
-                row[column_name(name)] = value
+            row.update(map_metrics(scalars, names))
             self._finish_step(row)
         except Exception as error:  # noqa: BLE001
             self._fail("log_scalars", error)

@@ -62,12 +62,48 @@ def test_bad_input_is_counted_and_warned_not_raised(tmp_path):
     assert row["monitor_errors"] == 1
 
 
-def test_log_scalars_snake_cases_names_and_converts_tensors(tmp_path):
+def test_log_scalars_without_names_snake_cases_names_and_converts_tensors(tmp_path):
     with Monitor(tmp_path, "dict", flush_interval_s=0.05) as mon:
-        mon.log_scalars(7, {"actor/pg_clipfrac": torch.tensor(0.25), "critic/score/mean": 0.5, "note": "x"})
+        metrics = {"actor/pg_clipfrac": torch.tensor(0.25), "training/global_step": 7, "note": "x"}
+        mon.log_scalars(7, metrics, names=None)
     with open_runs(tmp_path / "dict") as runs:
-        row = runs.sql("SELECT step, actor_pg_clipfrac, critic_score_mean, note FROM steps").to_pylist()[0]
-    assert row == {"step": 7, "actor_pg_clipfrac": 0.25, "critic_score_mean": 0.5, "note": "x"}
+        row = runs.sql("SELECT step, actor_pg_clipfrac, training_global_step, note FROM steps").to_pylist()[0]
+    assert row == {"step": 7, "actor_pg_clipfrac": 0.25, "training_global_step": 7.0, "note": "x"}
+    assert mon.trainer_family is None
+
+
+def test_log_scalars_maps_names_with_the_family_guessed_from_the_first_call_that_names_one(tmp_path):
+    verl_step = {"actor/pg_clipfrac": 0.25, "actor/kl_loss": 0.01, "training/epoch": 0, "timing_s/x": 2.0}
+    with Monitor(tmp_path, "auto", flush_interval_s=0.05) as mon:
+        mon.log_scalars(0, {"loss": 1.0})  # a schema column: names no trainer
+        assert mon.trainer_family is None
+        mon.log_scalars(1, verl_step)
+        mon.log_scalars(2, {"kl": 0.5})  # TRL's name, but this run is verl's: kept as it is
+    assert mon.trainer_family == "verl"
+    with open_runs(tmp_path / "auto") as runs:
+        query = "SELECT loss, clip_frac_active, kl_ref, timing_s_x, kl FROM steps ORDER BY step"
+        rows = runs.sql(query).to_pylist()
+    assert rows == [
+        {"loss": 1.0, "clip_frac_active": None, "kl_ref": None, "timing_s_x": None, "kl": None},
+        {"loss": None, "clip_frac_active": 0.25, "kl_ref": 0.01, "timing_s_x": 2.0, "kl": None},
+        {"loss": None, "clip_frac_active": None, "kl_ref": None, "timing_s_x": None, "kl": 0.5},
+    ]
+
+
+def test_log_scalars_with_a_family_or_a_mapping_maps_with_that_table(tmp_path):
+    with Monitor(tmp_path, "forced", flush_interval_s=0.05) as mon:
+        mon.log_scalars(0, {"kl": 0.5, "completions/clipped_ratio": 0.125}, names="trl")
+        mon.log_scalars(1, {"my/kl": 0.25}, names={"my/kl": "kl_ref"})
+        with pytest.warns(MonitorWarning, match="unknown trainer family 'tlr'"):
+            mon.log_scalars(2, {"kl": 1.0}, names="tlr")  # counted and warned, never raised
+    assert mon.trainer_family is None
+    with open_runs(tmp_path / "forced") as runs:
+        query = "SELECT step, kl_ref, completion_truncated_frac, monitor_errors FROM steps ORDER BY step"
+        rows = runs.sql(query).to_pylist()
+    assert rows == [
+        {"step": 0, "kl_ref": 0.5, "completion_truncated_frac": 0.125, "monitor_errors": 0.0},
+        {"step": 1, "kl_ref": 0.25, "completion_truncated_frac": None, "monitor_errors": 0.0},
+    ]
 
 
 def test_failed_context_marks_the_run_failed(tmp_path):

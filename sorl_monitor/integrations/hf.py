@@ -5,8 +5,8 @@
     trainer.train()
 
 Every optimizer update becomes one ``steps`` row at ``step = state.global_step`` (1-based, as the
-trainer logs it), holding what the trainer logged for that step (TRL's and transformers' names mapped
-by ``names.TRL_NAMES``; unknown keys kept as extra columns) and, with the TRL tap
+trainer logs it), holding what the trainer logged for that step (names mapped by ``names.map_metrics``
+with the ``trl`` table, which covers transformers' too; unknown keys kept as extra columns) and, with the TRL tap
 (``integrations.trl``), the update's token- and turn-level metrics. Per-module gradient norms are read
 from the model in ``on_pre_optimizer_step`` (after the trainer clipped them) and rescaled to the
 pre-clip ``grad_norm`` the trainer logs, so they are written on logged steps. ``run.json`` gets the
@@ -34,7 +34,7 @@ import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from sorl_monitor.integrations.batches import TokenBatch, concat_batches, log_batch
-from sorl_monitor.integrations.names import TAP_MEASURED, TRL_NAMES, to_columns
+from sorl_monitor.integrations.names import TAP_MEASURED, map_metrics, names_for
 from sorl_monitor.metrics import module_norms
 from sorl_monitor.monitor import Monitor, MonitorWarning, module_group
 
@@ -83,7 +83,8 @@ class SorlCallback(TrainerCallback):
     Args:
         monitor: where rows go; default: a ``Monitor(log_dir, run_name)`` built at train start with the
             trainer's arguments as config (if it cannot be built, monitoring is off with a warning).
-        names: trainer metric name → ``steps`` column (default TRL's, which include transformers').
+        names: a trainer family of ``names.NAME_TABLES`` or a ``{trainer name: column}`` mapping (default
+            TRL's table, which includes transformers' names).
         detect: alerts from the recent ``steps`` window, run after each row (see ``Detector``).
         stop_on_critical: end training when ``detect`` reports a critical alert.
         close_on_train_end: close the monitor when training ends.
@@ -95,7 +96,7 @@ class SorlCallback(TrainerCallback):
         *,
         log_dir: str | os.PathLike[str] = "runs",
         run_name: str | None = None,
-        names: Mapping[str, str] = TRL_NAMES,
+        names: str | Mapping[str, str] = "trl",
         detect: Detector | None = None,
         stop_on_critical: bool = False,
         close_on_train_end: bool = True,
@@ -103,7 +104,7 @@ class SorlCallback(TrainerCallback):
         self.monitor = monitor
         self.log_dir = log_dir
         self.run_name = run_name
-        self.names = dict(names)
+        self.names = names_for(names)
         self.detect = detect
         self.stop_on_critical = stop_on_critical
         self.close_on_train_end = close_on_train_end
@@ -205,7 +206,7 @@ class SorlCallback(TrainerCallback):
         pending, self._pending = self._pending, None
         if pending is None or self.monitor is None or not (pending.logs or pending.updates):
             return
-        columns = to_columns(pending.logs, self.names)
+        columns = map_metrics(pending.logs, self.names)
         module_rows = self._module_rows(pending, columns)
         if pending.updates:
             batch = concat_batches(pending.updates)
@@ -219,7 +220,7 @@ class SorlCallback(TrainerCallback):
                 extra=extra,
             )
         else:
-            self.monitor.log_scalars(pending.step, columns)
+            self.monitor.log_scalars(pending.step, columns, names=None)  # mapped already
         if module_rows is not None:
             self.monitor.log_modules(pending.step, *module_rows)
         self._run_detectors(control)

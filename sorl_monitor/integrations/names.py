@@ -10,6 +10,7 @@ evidence for ``guess_family``.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -328,8 +329,10 @@ def to_columns(metrics: Mapping[str, Any], names: Mapping[str, str]) -> dict[str
     return row
 
 
+@functools.lru_cache(maxsize=4096)
 def _logged_only_by(name: str) -> str | None:
-    """The one family known to log ``name`` (mapped or in ``UNMAPPED``), else ``None``.
+    """The one family known to log ``name`` (mapped or in ``UNMAPPED``), else ``None`` (cached: the tables
+    are constants).
 
     A schema column mapped to itself says nothing about the trainer; neither does TRL's name as
     transformers' logging callbacks write it (``train/kl``), whoever else logs that name.
