@@ -109,6 +109,7 @@ def ingest_line_log(
             monitor,
             LINE_PARSERS[source.format],
             family="verl" if source.format == "verl" else "auto",
+            merge_lines=source.format == "jsonl",
             after_step=after,
             follow=follow,
             idle_timeout_s=idle_timeout,

@@ -91,6 +91,7 @@ def ingest_lines(
     parse: LineParser,
     *,
     family: str | Mapping[str, str] | None = "auto",
+    merge_lines: bool = False,
     after_step: int = -1,
     follow: bool = False,
     idle_timeout_s: float | None = None,
@@ -98,7 +99,9 @@ def ingest_lines(
     stop: threading.Event | None = None,
 ) -> IngestReport:
     """Write each line's record with ``step > after_step`` as one ``steps`` row (names mapped with
-    ``family``; ``"auto"``: guessed from the first record).
+    ``family``; ``"auto"``: guessed from the first record). With ``merge_lines``, consecutive lines of one
+    step are one row (written when a later step starts or the file's end is reached; a line of a step
+    already written is skipped).
 
     With ``follow``, keep reading as the file grows (an incomplete last line waits for its end; a file that
     shrinks — verl reopens it with ``"wb"`` on restart — is read again from the start, steps already
@@ -112,6 +115,14 @@ def ingest_lines(
     line_number = 0
     idle_since = time.monotonic()
     pending = b""
+    held: tuple[int, dict[str, Any]] | None = None
+
+    def write(step: int, data: Mapping[str, Any]) -> None:
+        monitor.log_scalars(step, names(data))
+        report.rows += 1
+        if report.rows % FLUSH_EVERY_ROWS == 0:
+            monitor.flush()
+
     with open(path, "rb") as handle:
         while True:
             if Path(path).stat().st_size < position:  # truncated and rewritten: start over
@@ -134,14 +145,22 @@ def ingest_lines(
                     report.bad_lines.append(line_number)
                     report.first_error = report.first_error or f"line {line_number}: {error}"
                     continue
+                if held is not None and step == held[0]:
+                    held[1].update(data)
+                    continue
                 if step <= last_step:
                     report.already_ingested += 1
                     continue
-                monitor.log_scalars(step, names(data))
-                last_step = step
-                report.rows += 1
-                if report.rows % FLUSH_EVERY_ROWS == 0:
-                    monitor.flush()
+                if held is not None:
+                    write(*held)
+                held, last_step = (step, dict(data)), step
+                if not merge_lines:
+                    write(*held)
+                    held = None
+            if not chunk and held is not None:
+                write(*held)
+                held = None
+                monitor.flush()
             if lines:
                 monitor.flush()
                 idle_since = time.monotonic()

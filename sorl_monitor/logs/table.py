@@ -157,7 +157,9 @@ def one_row_per_step(table: pa.Table, step: str) -> pa.Table:
     if table.num_rows and pc.count_distinct(table.column("step")).as_py() < table.num_rows:
         others = table.column_names[1:]
         merged = table.group_by("step", use_threads=False).aggregate([(name, "last") for name in others])
-        table = merged.rename_columns([*others, "step"]).select(table.column_names)
+        table = merged.select(["step", *(f"{name}_last" for name in others)]).rename_columns(
+            table.column_names
+        )
     steps = table.column("step").to_numpy()
     return table if np.all(steps[1:] >= steps[:-1]) else table.sort_by("step")
 
@@ -224,10 +226,13 @@ def foreign_run(
     wide: pa.Table,
     *,
     info: Mapping[str, Any] | None = None,
+    family: str | None = "auto",
 ) -> ForeignRun:
     """A ``ForeignRun`` from a wide table with a ``step`` column (one row per step) and maybe ``wall_time``.
 
-    Metric columns are renamed through ``map_metrics`` with the family guessed from their names; columns
+    Metric columns are renamed through ``map_metrics`` with ``family`` (``"auto"``: guessed from their
+    names, after ``without_trainer_prefix``; a format that is one trainer's own, like verl's file
+    logger, gives its family); columns
     in ``DROPPED_COLUMNS``, columns that are all null and non-scalar columns are left out;
     integers become floats (as ``Monitor.log_scalars`` stores them), booleans and text stay.
     """
@@ -239,9 +244,10 @@ def foreign_run(
         and _scalar_type(wide.schema.field(n).type)
         and wide.column(n).null_count < wide.num_rows
     ]
-    renamed = without_trainer_prefix(metrics)
+    renamed = without_trainer_prefix(metrics) if family == "auto" else {n: n for n in metrics}
     by_name = {renamed[n]: n for n in metrics}
-    family = guess_family(by_name)
+    if family == "auto":
+        family = guess_family(by_name)
     columns: dict[str, pa.ChunkedArray] = {
         "run_id": pa.chunked_array([pa.repeat(pa.scalar(name), wide.num_rows)]),
         "rank": pa.chunked_array([pa.repeat(pa.scalar(0, pa.int32()), wide.num_rows)]),

@@ -19,4 +19,8 @@ def read(path: Path, name: str) -> list[ForeignRun]:
         )
     metrics = [c for c in table.column_names if c.startswith(DATA)]
     table = table.select(["step", *metrics]).rename_columns(["step", *(c[len(DATA) :] for c in metrics)])
-    return [foreign_run(path, "verl", name, one_row_per_step(table, "step"), info={"algorithm": "verl"})]
+    return [
+        foreign_run(
+            path, "verl", name, one_row_per_step(table, "step"), info={"algorithm": "verl"}, family="verl"
+        )
+    ]

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sorl_monitor.logs import csvlog, jsonl
-from sorl_monitor.logs.sniff import csv_header, head, text_kind
+from sorl_monitor.logs.sniff import csv_header, first_json_line, head, text_kind
 from sorl_monitor.logs.table import (
     ForeignRun,
     LogFormatError,
@@ -51,6 +51,13 @@ def is_history(names: list[str] | set[str]) -> bool:
     return "_step" in names and bool({"_runtime", "_timestamp"} & set(names))
 
 
+def is_columns_layout(document: object) -> bool:
+    """``DataFrame.to_json()``'s default layout: ``{column: {row index: value}}``."""
+    return (
+        isinstance(document, dict) and bool(document) and all(isinstance(v, dict) for v in document.values())
+    )
+
+
 def offline_files(folder: Path) -> list[Path]:
     """The ``.wandb`` record files of an offline run folder, or of the offline runs in a ``wandb/`` folder."""
     own = sorted(folder.glob(f"*{OFFLINE_SUFFIX}"))
@@ -63,9 +70,12 @@ def read(path: Path, name: str) -> list[ForeignRun]:
         return [_offline(file, _offline_name(file)) for file in offline_files(path)]
     if path.suffix == OFFLINE_SUFFIX:
         return [_offline(path, name)]
-    kind = text_kind(head(path))
+    start = head(path)
+    kind = text_kind(start)
+    if kind == "jsonl" and is_columns_layout(first_json_line(start)):
+        kind = "json"  # a one-line ``to_json()`` document
     if kind == "csv":
-        if is_ui_export(csv_header(head(path))):
+        if is_ui_export(csv_header(start)):
             return _ui_export(path, csvlog.read_table(path))
         return csvlog.read(path, name, "wandb")
     if kind == "jsonl":
@@ -106,7 +116,7 @@ def _json_history(path: Path) -> pa.Table:
         document = json.loads(path.read_bytes())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise LogFormatError(f"cannot read {path} as JSON: {error}") from None
-    if isinstance(document, dict) and all(isinstance(v, dict) for v in document.values()):
+    if is_columns_layout(document):
         index = list(dict.fromkeys(i for column in document.values() for i in column))
         document = [{name: column.get(i) for name, column in document.items()} for i in index]
     if not isinstance(document, list) or not all(isinstance(row, dict) for row in document):
