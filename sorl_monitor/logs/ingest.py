@@ -118,7 +118,7 @@ def ingest_lines(
     held: tuple[int, dict[str, Any]] | None = None
 
     def write(step: int, data: Mapping[str, Any]) -> None:
-        monitor.log_scalars(step, names(data))
+        monitor.log_scalars(step, names(data), names=None)
         report.rows += 1
         if report.rows % FLUSH_EVERY_ROWS == 0:
             monitor.flush()
@@ -182,7 +182,7 @@ def ingest_run(run: ForeignRun, monitor: Monitor, after_step: int = -1) -> Inges
         if step <= after_step:
             report.already_ingested += 1
             continue
-        monitor.log_scalars(step, {k: v for k, v in row.items() if v is not None})
+        monitor.log_scalars(step, {k: v for k, v in row.items() if v is not None}, names=None)
         report.rows += 1
         if report.rows % FLUSH_EVERY_ROWS == 0:
             monitor.flush()

@@ -23,7 +23,7 @@ def parquet_steps(
         family = guess_family({name for metrics in metrics_by_step.values() for name in metrics})
     with Monitor(log_dir, "reference", flush_interval_s=0.05) as monitor:
         for step, metrics in sorted(metrics_by_step.items()):
-            monitor.log_scalars(step, map_metrics(metrics, family))
+            monitor.log_scalars(step, map_metrics(metrics, family), names=None)
     with open_runs(log_dir / "reference") as runs:
         return {row["step"]: row for row in runs.table("steps").to_pylist()}
 
