@@ -284,8 +284,12 @@ class RunSet:
             self._store_table(FOREIGN_STEPS, foreign_steps(self.foreign.values()))
         if files:
             self._drop(table)
+            # every known column, even where no part has it yet (parts written before a column was added)
+            known = f"_sorl_known_{table}"
+            self._store_table(known, empty_table(table))
             parquet = "SELECT * FROM read_parquet($files, hive_partitioning = true, union_by_name = true)"
-            union = f" UNION ALL BY NAME SELECT * FROM {FOREIGN_STEPS}" if foreign else ""
+            union = f" UNION ALL BY NAME SELECT * FROM {known}"
+            union += f" UNION ALL BY NAME SELECT * FROM {FOREIGN_STEPS}" if foreign else ""
             self.con.execute(f"CREATE VIEW {table} AS {parquet}{union}".replace("$files", _sql_list(files)))
         elif foreign:
             self._drop(table)
