@@ -24,7 +24,8 @@ from sorl_monitor.schema import column_name
 # transformers 5.23 ``Trainer._maybe_log_save_evaluate`` (loss, grad_norm, learning_rate) and ``Trainer.log``
 # (epoch); TRL 1.16.0 ``GRPOTrainer._generate`` (completions/*), ``_generate_and_score_completions``
 # (reward*, frac_reward_zero_std), ``_compute_loss`` (policy_loss, kl, entropy, clip_ratio/*), the installed
-# sources (tests/integrations/test_names.py checks every name against them). ``RLOOTrainer`` logs the same names.
+# sources (tests/integrations/test_names.py checks every name against them). ``RLOOTrainer`` logs the same names
+# but policy_loss and entropy_coef.
 HF_TRAINER_NAMES: dict[str, str] = {
     "loss": "loss",  # training loss averaged over the logging window
     "grad_norm": "grad_norm",  # global L2 norm before clipping (``clip_grad_norm_``'s return value)
