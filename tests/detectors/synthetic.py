@@ -2,6 +2,11 @@
 
 These are made-up numbers shaped like a PPO run's ``steps`` rows (not training): they check that
 each detector's SQL fires on the pattern it is named after and stays quiet on ordinary noise.
+
+No threshold is written down here: the stable run sits at each signal's floor (or well inside it), and
+each pattern moves its signal to twice the level that crosses its detector's threshold as read from
+``DetectorConfig()`` (the critical one where it is finite, else the warning), so the patterns follow the
+thresholds wherever they are calibrated to.
 """
 
 from __future__ import annotations
@@ -14,13 +19,31 @@ import numpy as np
 import pyarrow as pa
 
 from sorl_monitor import Monitor
+from sorl_monitor.detectors import DetectorConfig, get_detectors
 
 ONSET = 250
 """Step at which a pattern starts."""
 
+GRAD_LOG_SD = 0.2
+"""Spread of ln(grad norm) in the stable run."""
+
+
+def defaults() -> DetectorConfig:
+    return DetectorConfig()
+
+
+def firing_level(detector: str, config: DetectorConfig | None = None) -> float:
+    """The threshold a pattern must cross: ``<detector>_critical`` where finite, else ``<detector>_warning``."""
+    config = config or defaults()
+    found = get_detectors([detector])[0]
+    critical = getattr(config, found.critical_key)
+    return critical if math.isfinite(critical) else getattr(config, found.warning_key)
+
 
 def stable_rows(n: int = 400, seed: int = 0, run_id: str = "synthetic-stable") -> list[dict]:
-    """A noisy-but-stable run: clip fraction ~0.1, small ratio tails, KL ~0.01, steadily rising reward."""
+    """A noisy-but-stable run: clip fraction and truncation at their floors, KL half its floor, small ratio
+    tails, slowly falling entropy, steady lengths, and a steadily rising reward."""
+    config = defaults()
     rng = np.random.default_rng(seed)
     rows = []
     for step in range(n):
@@ -34,17 +57,22 @@ def stable_rows(n: int = 400, seed: int = 0, run_id: str = "synthetic-stable") -
                 "ppo_epoch": step % 4 // 2,
                 "minibatch": step % 2,
                 "policy_lag": step % 4,
-                "clip_frac": float(np.clip(0.1 + 0.03 * rng.standard_normal(), 0, 1)),
-                "clip_frac_turn": float(np.clip(0.05 + 0.02 * rng.standard_normal(), 0, 1)),
+                "clip_frac": config.clip_floor * max(0.0, 1 + 0.25 * rng.standard_normal()),
+                "clip_frac_turn": 0.5 * config.clip_floor * max(0.0, 1 + 0.25 * rng.standard_normal()),
                 "ratio_p99": 1.3 + 0.05 * abs(rng.standard_normal()),
                 "ratio_max": 2.0 * math.exp(0.15 * rng.standard_normal()),
                 "turn_ratio_max": 1.3 + 0.1 * abs(rng.standard_normal()),
-                "kl_old_k3": 0.01 * math.exp(0.3 * rng.standard_normal()),
-                "grad_norm": 1.0 * math.exp(0.2 * rng.standard_normal()),
-                "entropy": 1.5 - 0.2 * progress + 0.05 * rng.standard_normal(),
+                "kl_old_k3": 0.5 * config.kl_floor * math.exp(0.3 * rng.standard_normal()),
+                "kl_ref_k3": config.kl_floor * (0.5 + progress) * math.exp(0.1 * rng.standard_normal()),
+                "grad_norm": math.exp(GRAD_LOG_SD * rng.standard_normal()),
+                "entropy": 0.5 - 0.1 * progress + 0.02 * rng.standard_normal(),
                 "zero_std_group_frac": float(np.clip(0.1 + 0.05 * rng.standard_normal(), 0, 1)),
                 "reward_mean": 0.2 + 0.4 * progress + 0.03 * rng.standard_normal(),
                 "reward_std": 0.3 + 0.03 * rng.standard_normal(),
+                "response_len_mean": 200.0 * math.exp(0.05 * rng.standard_normal()),
+                "completion_truncated_frac": 0.5
+                * config.truncation_floor
+                * max(0.0, 1 + 0.25 * rng.standard_normal()),
                 "loss": 0.1 * rng.standard_normal(),
                 "nonfinite_count": 0.0,
             }
@@ -52,44 +80,81 @@ def stable_rows(n: int = 400, seed: int = 0, run_id: str = "synthetic-stable") -
     return rows
 
 
-def _set(column: str, value: Callable[[int], float]) -> Callable[[dict], None]:
+def _fold(column: str, detector: str, floor: Callable[[DetectorConfig], float]) -> Callable[[dict], None]:
+    """The signal at twice its detector's threshold times its quiet level (the stable value, at least its floor)."""
+
     def apply(row: dict) -> None:
-        row[column] = value(row["step"] - ONSET)
+        config = defaults()
+        row[column] = 2 * firing_level(detector, config) * max(row[column], floor(config))
+
+    return apply
+
+
+def _share(column: str, detector: str, floor: Callable[[DetectorConfig], float]) -> Callable[[dict], None]:
+    """``_fold`` for a share (at most 1)."""
+    fold = _fold(column, detector, floor)
+
+    def apply(row: dict) -> None:
+        fold(row)
+        row[column] = min(1.0, row[column])
+
+    return apply
+
+
+def _fall_below(column: str, detector: str) -> Callable[[dict], None]:
+    """The signal falls to (1 − threshold) / 2 of its level: a drop of more than its detector's threshold."""
+
+    def apply(row: dict) -> None:
+        row[column] *= (1 - firing_level(detector)) / 2
 
     return apply
 
 
 def _declining_reward(row: dict) -> None:
-    row["reward_mean"] = max(0.05, row["reward_mean"] * (1 - 0.03 * (row["step"] - ONSET)))
+    row["reward_mean"] = max(0.05, 1 - 0.03 * (row["step"] - ONSET)) * row["reward_mean"]
+
+
+def _ratio_tail(row: dict) -> None:
+    row["ratio_p99"] = row["ratio_p99"] ** (2 * firing_level("ratio_tail_rise"))
+
+
+def _grad_spike(row: dict) -> None:
+    if row["step"] == ONSET:
+        spread = max(GRAD_LOG_SD, defaults().grad_min_log_spread)
+        row["grad_norm"] = math.exp(2 * firing_level("grad_norm_spike") * spread)
 
 
 def _echo(row: dict) -> None:
     _declining_reward(row)
-    row["zero_std_group_frac"] = 0.95
+    row["zero_std_group_frac"] = 1.0  # every group's rewards are identical
 
 
 def _reward_std(row: dict) -> None:
     _declining_reward(row)
-    row["reward_std"] = 0.02
+    _fall_below("reward_std", "reward_std_collapse")(row)
+
+
+def _nan_loss(row: dict) -> None:
+    row["loss"] = float("nan")
 
 
 PATTERNS: dict[str, Callable[[dict], None]] = {
-    "clip_frac_level": _set("clip_frac", lambda t: 0.6),
-    "clip_frac_trend": _set("clip_frac", lambda t: min(0.1 + 0.02 * t, 0.45)),
-    "turn_ratio_tail": _set("clip_frac_turn", lambda t: 0.5),
-    "turn_ratio_max": _set("turn_ratio_max", lambda t: 6.0),
-    "token_ratio_p99": _set("ratio_p99", lambda t: 8.0),
-    "token_ratio_max": _set("ratio_max", lambda t: 200.0),
-    "kl_spike": _set("kl_old_k3", lambda t: 0.5),
-    "grad_norm_spike": _set("grad_norm", lambda t: 30.0 if t == 0 else 1.0),
-    "entropy_collapse": _set("entropy", lambda t: 0.3),
-    "entropy_rise": _set("entropy", lambda t: 4.5),
+    "clip_rise": _share("clip_frac", "clip_rise", lambda c: c.clip_floor),
+    "turn_clip_rise": _share("clip_frac_turn", "turn_clip_rise", lambda c: c.clip_floor),
+    "kl_rise": _fold("kl_old_k3", "kl_rise", lambda c: c.kl_floor),
+    "kl_ref_rise": _fold("kl_ref_k3", "kl_ref_rise", lambda c: c.kl_floor),
+    "ratio_tail_rise": _ratio_tail,
+    "entropy_rise": _fold("entropy", "entropy_rise", lambda c: c.entropy_floor),
+    "entropy_collapse": _fall_below("entropy", "entropy_collapse"),
+    "grad_norm_spike": _grad_spike,
     "echo_trap": _echo,
     "reward_std_collapse": _reward_std,
-    "reward_drop": _set("reward_mean", lambda t: 0.2),
-    "nonfinite": _set("loss", lambda t: float("nan")),
+    "length_rise": _fold("response_len_mean", "length_rise", lambda c: 1.0),
+    "truncation_rise": _share("completion_truncated_frac", "truncation_rise", lambda c: c.truncation_floor),
+    "reward_drop": _fall_below("reward_mean", "reward_drop"),
+    "nonfinite": _nan_loss,
 }
-"""Each detector's pattern, applied to every row from ``ONSET`` on."""
+"""Each detector's SYNTHETIC pattern, applied to every row from ``ONSET`` on."""
 
 
 def pattern_rows(detector: str, n: int = 400, seed: int = 0) -> list[dict]:
@@ -98,6 +163,19 @@ def pattern_rows(detector: str, n: int = 400, seed: int = 0) -> list[dict]:
     for row in rows[ONSET:]:
         PATTERNS[detector](row)
     return rows
+
+
+def collapse_reward(rows: list[dict], at: int, until: int | None = None, to: float = 0.05) -> list[dict]:
+    """SYNTHETIC collapse: the reward falls to ``to`` from step ``at`` (back to normal from ``until``)."""
+    for row in rows:
+        if row["step"] >= at and (until is None or row["step"] < until):
+            row["reward_mean"] = to
+    return rows
+
+
+def every(rows: list[dict], interval: int) -> list[dict]:
+    """The rows a trainer logging every ``interval`` steps would keep (steps 0, interval, 2·interval, …)."""
+    return [row for row in rows if row["step"] % interval == 0]
 
 
 def as_table(rows: list[dict]) -> pa.Table:
@@ -114,5 +192,6 @@ def write_rows(log_dir: Path, run_name: str, rows: list[dict], algorithm: str = 
             mon.log_scalars(
                 row["step"], {k: v for k, v in row.items() if k not in KEYS}, iteration=row["iteration"],
                 ppo_epoch=row["ppo_epoch"], minibatch=row["minibatch"], policy_lag=row["policy_lag"],
+                names=None,
             )  # fmt: skip
     return Path(log_dir) / run_name
