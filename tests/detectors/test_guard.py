@@ -7,7 +7,7 @@ import time
 import pyarrow as pa
 import pytest
 
-from sorl_monitor.detectors import detect
+from sorl_monitor.detectors import DetectorConfig, detect
 from sorl_monitor.guard import CtnGuard
 from tests.detectors.synthetic import ONSET, PATTERNS, stable_rows
 
@@ -27,17 +27,18 @@ def feed(guard: CtnGuard, rows: list[dict], first_call: int = ONSET - 20) -> lis
 
 
 def burst_rows(start: int = ONSET, length: int = 10, n: int = 360) -> list[dict]:
-    """SYNTHETIC: a stable run whose clip fraction jumps to 0.6 for ``length`` updates from ``start``."""
+    """SYNTHETIC: a stable run whose clip fraction jumps to twice clip_rise's critical fold for ``length``
+    updates from ``start``."""
     rows = stable_rows(n)
     for row in rows[start : start + length]:
-        PATTERNS["clip_frac_level"](row)
+        PATTERNS["clip_rise"](row)
     return rows
 
 
 def test_ctn_goes_on_at_the_first_tripping_update_of_a_synthetic_burst():
     decisions = feed(CtnGuard(quiet_updates=20), burst_rows())
     on = decisions[0]
-    assert on.ctn_on and on.detector == "clip_frac_level"
+    assert on.ctn_on and on.detector == "clip_rise"
     assert ONSET <= on.step <= ONSET + 2
     assert on.value > on.threshold
 
@@ -46,9 +47,7 @@ def test_ctn_goes_off_after_the_quiet_window_of_a_synthetic_burst():
     rows = burst_rows()
     decisions = feed(CtnGuard(quiet_updates=20), rows)
     assert [d.ctn_on for d in decisions] == [True, False]
-    last_firing = max(
-        detect(pa.Table.from_pylist(rows), detectors=["clip_frac_level"]).column("step").to_pylist()
-    )
+    last_firing = max(detect(pa.Table.from_pylist(rows), detectors=["clip_rise"]).column("step").to_pylist())
     assert decisions[1].step - last_firing == 20
 
 
@@ -63,9 +62,10 @@ def test_stable_synthetic_run_never_switches_ctn():
 
 
 def test_min_severity_critical_ignores_warnings_in_a_synthetic_stream():
+    config = DetectorConfig()
     rows = stable_rows(300)
-    for row in rows[ONSET:]:
-        row["clip_frac"] = 0.4  # above the warning (0.3), below the severe threshold (0.5)
+    for row in rows[ONSET:]:  # a clip fraction fold between clip_rise's warning and critical thresholds
+        row["clip_frac"] = (config.clip_rise_warning + config.clip_rise_critical) / 2 * config.clip_floor
     assert feed(CtnGuard(min_severity="critical"), rows) == []
     assert feed(CtnGuard(min_severity="warning"), rows)[0].ctn_on
 
@@ -73,9 +73,25 @@ def test_min_severity_critical_ignores_warnings_in_a_synthetic_stream():
 def test_only_trip_on_detectors_switch_ctn_synthetic():
     rows = stable_rows(300)
     for row in rows[ONSET:]:
-        PATTERNS["token_ratio_max"](row)
-    assert feed(CtnGuard(trip_on=("clip_frac_level",)), rows) == []
-    assert feed(CtnGuard(trip_on=("token_ratio_max",)), rows)[0].detector == "token_ratio_max"
+        PATTERNS["ratio_tail_rise"](row)
+    assert feed(CtnGuard(trip_on=("clip_rise",)), rows) == []
+    assert feed(CtnGuard(trip_on=("ratio_tail_rise",)), rows)[0].detector == "ratio_tail_rise"
+
+
+@pytest.mark.parametrize("detector", ["turn_clip_rise", "kl_rise", "ratio_tail_rise"])
+def test_the_default_guard_trips_on_ratio_and_behaviour_kl_drift_synthetic(detector):
+    rows = stable_rows(300)
+    for row in rows[ONSET:]:
+        PATTERNS[detector](row)
+    assert feed(CtnGuard(), rows)[0].detector == detector
+
+
+@pytest.mark.parametrize("detector", ["kl_ref_rise", "entropy_rise", "grad_norm_spike", "length_rise"])
+def test_the_default_guard_leaves_ctn_alone_on_drift_it_does_not_counteract_synthetic(detector):
+    rows = stable_rows(300)
+    for row in rows[ONSET:]:
+        PATTERNS[detector](row)
+    assert feed(CtnGuard(), rows) == []
 
 
 def test_the_same_window_twice_gives_no_second_decision():
@@ -89,7 +105,7 @@ def test_decision_is_a_ready_made_action_alert():
     on = feed(CtnGuard(quiet_updates=20), burst_rows())[0]
     fields = on.alert_fields()
     assert fields["kind"] == "action" and fields["detector"] == "ctn_on" and fields["step"] == on.step
-    assert "clip_frac_level" in fields["message"]
+    assert "clip_rise" in fields["message"]
 
 
 @pytest.mark.parametrize(
