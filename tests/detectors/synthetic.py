@@ -118,10 +118,15 @@ def _ratio_tail(row: dict) -> None:
     row["ratio_p99"] = row["ratio_p99"] ** (2 * firing_level("ratio_tail_rise"))
 
 
+def grad_spike() -> float:
+    """A grad norm twice as many spreads of ln(grad norm) above the stable run's as grad_norm_spike needs."""
+    spread = max(GRAD_LOG_SD, defaults().grad_min_log_spread)
+    return math.exp(2 * firing_level("grad_norm_spike") * spread)
+
+
 def _grad_spike(row: dict) -> None:
     if row["step"] == ONSET:
-        spread = max(GRAD_LOG_SD, defaults().grad_min_log_spread)
-        row["grad_norm"] = math.exp(2 * firing_level("grad_norm_spike") * spread)
+        row["grad_norm"] = grad_spike()
 
 
 def _echo(row: dict) -> None:
