@@ -52,7 +52,7 @@ def test_overview_of_a_long_synthetic_run_still_draws_its_one_step_grad_norm_spi
 
 def test_alert_markers_sit_on_the_panel_of_their_detector_synthetic():
     steps = synthetic_steps(kl_old_k3=np.linspace(0.01, 0.2, 50))
-    marker = {"step": 30, "detector": "kl_spike", "severity": "critical", "message": "KL jumped"}
+    marker = {"step": 30, "detector": "kl_rise", "severity": "critical", "message": "KL jumped"}
     figure = overview_figure([RunCurves("a", steps, markers=[marker])])
 
     markers = [t for t in figure.data if t.mode == "markers"]

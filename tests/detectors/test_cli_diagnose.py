@@ -18,7 +18,7 @@ from cli.main import app
 from sorl_monitor import Monitor
 from sorl_monitor.report import FIGURES_PER_RUN
 from sorl_monitor.writer import write_json_atomic
-from tests.detectors.synthetic import KEYS, ONSET, pattern_rows, stable_rows, write_rows
+from tests.detectors.synthetic import KEYS, ONSET, collapse_reward, pattern_rows, stable_rows, write_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -29,11 +29,12 @@ def invoke(*args):
 
 
 def collapsing_rows(n: int = 420) -> list[dict]:
-    """SYNTHETIC: token clip fraction 0.6 from step 250, reward down to 0.05 from step 300."""
-    rows = pattern_rows("clip_frac_level", n)
-    for row in rows[300:]:
-        row["reward_mean"] = 0.05
-    return rows
+    """SYNTHETIC: token clip fraction 0.6 from step 250 (turn clip fraction unchanged), reward down to 0.05
+    from step 300."""
+    rows = stable_rows(n, run_id="collapsed")
+    for row in rows[ONSET:]:
+        row["clip_frac"] = 0.6
+    return collapse_reward(rows, 300)
 
 
 @pytest.fixture
@@ -44,9 +45,21 @@ def runs(tmp_path) -> dict[str, Path]:
     }
 
 
-def test_postmortem_exits_0_on_a_healthy_synthetic_run(runs):
+def test_postmortem_exits_0_on_a_healthy_synthetic_run_and_offers_no_cause_or_remedy(runs):
     result = invoke("postmortem", runs["healthy"])
-    assert result.exit_code == 0 and "no collapse" in result.output
+    assert result.exit_code == 0 and "healthy" in result.output
+    assert "root cause" not in result.output and "remedy" not in result.output
+
+
+def test_postmortem_exits_0_on_a_healthy_synthetic_run_with_a_critical_alert_and_notes_it(tmp_path):
+    run = write_rows(tmp_path, "alarmed", pattern_rows("kl_rise", 400))
+    result = invoke("postmortem", run, "--json")
+    verdict = json.loads(result.output)
+    assert result.exit_code == 0 and verdict["status"] == "healthy"
+    assert (
+        verdict["first_critical"] is not None and verdict["root_cause"] is None and verdict["remedy"] is None
+    )
+    assert [note for note in verdict["notes"] if "kl_rise" in note], verdict["notes"]
 
 
 def test_postmortem_exits_3_on_a_collapsed_synthetic_run_and_names_cause_and_remedy(runs):
@@ -60,18 +73,16 @@ def test_postmortem_exits_3_on_a_collapsed_synthetic_run_and_names_cause_and_rem
 def test_postmortem_json_is_the_verdict(runs):
     result = invoke("postmortem", runs["collapsed"], "--json")
     verdict = json.loads(result.output)
-    assert result.exit_code == 3 and verdict["collapsed"] and verdict["lead_time"] > 0
+    assert result.exit_code == 3 and verdict["status"] == "collapsed" and verdict["lead_time"] > 0
 
 
 def test_postmortem_set_changes_a_threshold(runs):
     default = json.loads(invoke("postmortem", runs["collapsed"], "--json").output)
     silenced = json.loads(
-        invoke("postmortem", runs["collapsed"], "--json", "--set", "clip_frac_severe=0.9").output
+        invoke("postmortem", runs["collapsed"], "--json", "--set", "clip_rise_critical=inf").output
     )
-    assert default["first_critical"] is not None
-    assert "clip_frac_level" not in [
-        a["detector"] for a in silenced["top_alerts"] if a["severity"] == "critical"
-    ]
+    assert "clip_rise" in [a["detector"] for a in default["top_alerts"] if a["severity"] == "critical"]
+    assert "clip_rise" not in [a["detector"] for a in silenced["top_alerts"] if a["severity"] == "critical"]
 
 
 def test_postmortem_picks_a_run_of_a_log_folder_with_run(runs):
@@ -87,8 +98,10 @@ def test_postmortem_picks_a_run_of_a_log_folder_with_run(runs):
         (("postmortem", "{logs}", "--run", "nope"), "no run 'nope'"),
         (("postmortem", "{run}", "--config", "{bad_toml}"), "bad TOML"),
         (("postmortem", "{run}", "--config", "{missing}"), "no such config file"),
-        (("postmortem", "{run}", "--set", "clip_frac_sever=0.4"), "unknown detector setting"),
-        (("postmortem", "{run}", "--set", "clip_frac_severe"), "name=value"),
+        (("postmortem", "{run}", "--config", "stale-rollouts"), "no such config file"),
+        (("postmortem", "{run}", "--set", "clip_rise_critica=4"), "unknown detector setting"),
+        (("postmortem", "{run}", "--set", "clip_frac_severe=0.4"), "unknown detector setting"),
+        (("postmortem", "{run}", "--set", "clip_rise_critical"), "name=value"),
         (("report", "{run}", "--html", "{logs}"), "must name a file"),
         (("compare", "{run}", "{run}"), "both arguments are run"),
         (("watch", "{missing}"), "no such file"),
@@ -96,7 +109,7 @@ def test_postmortem_picks_a_run_of_a_log_folder_with_run(runs):
 )
 def test_user_mistakes_get_one_line_and_exit_2(runs, tmp_path, args, message):
     bad_toml = tmp_path / "bad.toml"
-    bad_toml.write_text("clip_frac_severe = [\n")
+    bad_toml.write_text("clip_rise_critical = [\n")
     names = {
         "missing": tmp_path / "missing",
         "logs": runs["healthy"].parent,
@@ -131,9 +144,9 @@ def test_compare_shows_both_runs_side_by_side(runs):
 def test_watch_prints_alert_onsets_of_a_finished_synthetic_run_and_returns(runs):
     result = invoke("watch", runs["collapsed"], "--interval", "0.1", "--max-seconds", "20")
     assert result.exit_code == 0
-    assert "clip_frac_level" in result.output and "collapse" in result.output
+    assert "clip_rise" in result.output and "collapse" in result.output
     assert "is finished" in result.output
-    assert result.output.count("clip_frac_level") <= 3  # onsets, not one line per firing update
+    assert result.output.count("clip_rise") <= 3  # onsets, not one line per firing update
 
 
 def test_watch_stops_after_max_seconds_on_a_running_run(runs):
@@ -154,11 +167,11 @@ def _watch_process(run: Path, *extra: str) -> subprocess.Popen:
 
 @pytest.mark.slow
 def test_watch_follows_a_live_synthetic_run_and_prints_new_alerts(tmp_path):
-    rows = pattern_rows("token_ratio_max", 300)
+    rows = pattern_rows("ratio_tail_rise", 300)
     lines: list[str] = []
     with Monitor(tmp_path, "live", flush_interval_s=0.05) as mon:
         for row in rows[:ONSET]:
-            mon.log_scalars(row["step"], {k: v for k, v in row.items() if k not in KEYS})
+            mon.log_scalars(row["step"], {k: v for k, v in row.items() if k not in KEYS}, names=None)
         mon.flush()
         process = _watch_process(tmp_path / "live", "--max-seconds", "60")
         reader = threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True)
@@ -167,12 +180,12 @@ def test_watch_follows_a_live_synthetic_run_and_prints_new_alerts(tmp_path):
         while not any("watching" in line for line in lines) and time.monotonic() < deadline:
             time.sleep(0.05)
         for row in rows[ONSET:]:
-            mon.log_scalars(row["step"], {k: v for k, v in row.items() if k not in KEYS})
+            mon.log_scalars(row["step"], {k: v for k, v in row.items() if k not in KEYS}, names=None)
     process.wait(timeout=60)
     reader.join(timeout=5)
     output = "".join(lines)
     assert process.returncode == 0
-    assert "token_ratio_max" in output and "is finished" in output
+    assert "ratio_tail_rise" in output and "is finished" in output
 
 
 @pytest.mark.slow

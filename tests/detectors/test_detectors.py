@@ -131,7 +131,7 @@ def test_a_real_grad_spike_among_exact_zero_grad_norms_still_fires_synthetic():
         if row["step"] != ONSET:
             row["grad_norm"] = 0.0
     alerts = detect(as_table(rows), detectors=["grad_norm_spike"]).to_pylist()
-    assert [a["step"] for a in alerts] == [ONSET]
+    assert len(alerts) == 1 and ONSET <= alerts[0]["step"] < ONSET + DetectorConfig().smooth_steps, alerts
 
 
 def on_policy_zero_rows(zero: float) -> list[dict]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sorl_monitor.report import alert_onsets, ctn_spans
 
 
-def alert(step: int, detector: str = "kl_spike", severity: str = "warning") -> dict:
+def alert(step: int, detector: str = "kl_rise", severity: str = "warning") -> dict:
     return {"step": step, "detector": detector, "severity": severity}
 
 
@@ -22,7 +22,7 @@ def test_escalation_to_critical_is_a_new_onset():
 
 def test_detectors_have_separate_streaks():
     onsets = alert_onsets([alert(1), alert(2, "grad_norm_spike"), alert(2)], [1, 2])
-    assert [(a["step"], a["detector"]) for a in onsets] == [(1, "kl_spike"), (2, "grad_norm_spike")]
+    assert [(a["step"], a["detector"]) for a in onsets] == [(1, "kl_rise"), (2, "grad_norm_spike")]
 
 
 def test_ctn_spans_follow_the_logged_ctn_active_column():

@@ -8,7 +8,7 @@ import pytest
 
 from sorl_monitor.query import open_runs
 from sorl_monitor.report import FIGURES_PER_RUN, write_report
-from tests.detectors.synthetic import PATTERNS, pattern_rows, stable_rows, write_rows
+from tests.detectors.synthetic import collapse_reward, pattern_rows, stable_rows, write_rows
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
@@ -25,9 +25,7 @@ pytestmark = [
 
 def test_report_of_two_synthetic_runs_renders_every_plot_in_headless_chromium(tmp_path):
     playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright (python) is not installed")
-    rows = pattern_rows("clip_frac_level", 360)
-    for row in rows[300:]:
-        PATTERNS["reward_drop"](row)
+    rows = collapse_reward(pattern_rows("clip_rise", 360), 300)
     write_rows(tmp_path / "logs", "collapsed", rows)
     write_rows(tmp_path / "logs", "healthy", stable_rows(300))
     page_path = tmp_path / "report.html"
