@@ -1,0 +1,103 @@
+"""``sorl postmortem FILE --json`` on REAL logs written outside this project (``../shared/real_logs``, a TRL
+GRPO ρ-sweep of Qwen3.5-9B on GSM8K): each labelled run gets its authors' verdict.
+
+The labels are the authors' own, copied from ``../shared/real_logs/README.md``: one run collapsed
+(rho0.70_seed44), eight are healthy, rho0.10_seed42 is not labelled (it only has to get a verdict).
+These logs are evidence, not a training set: a failure here is reported, not tuned away.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app
+
+REAL_LOGS = Path(__file__).resolve().parents[2].parent / "shared" / "real_logs"
+LABELS = {
+    "rho0.70_seed44": "collapsed",
+    "rho0.70_seed42": "healthy",
+    "rho0.70_seed43": "healthy",
+    "rho1.00_seed42": "healthy",
+    "rho1.00_seed43": "healthy",
+    "rho1.00_seed44": "healthy",
+    "rho3.00_seed42": "healthy",
+    "rho3.00_seed43": "healthy",
+    "rho3.00_seed44": "healthy",
+}
+"""The authors' labels (README.md's table); a file not named here is unlabelled."""
+
+EXIT = {"healthy": 0, "collapsed": 3}
+runner = CliRunner()
+
+
+def real_logs() -> list[Path]:
+    return sorted(REAL_LOGS.rglob("*.json")) if REAL_LOGS.is_dir() else []
+
+
+def run_name(path: Path) -> str:
+    return path.name.split(".step_logs")[0]
+
+
+def label(path: Path) -> str | None:
+    return LABELS.get(run_name(path))
+
+
+def postmortem_json(path: Path) -> tuple[int, dict]:
+    result = runner.invoke(app, ["postmortem", str(path), "--json"])
+    assert result.exit_code in (0, 3), result.output
+    return result.exit_code, json.loads(result.stdout)
+
+
+def last_fall_below_half(path: Path) -> int | None:
+    """The step from which the raw reward stays below half its running peak to the log's end (the start of
+    the final fall, after its last recovery); None when the log ends above half its peak."""
+    rows = [row for row in json.loads(path.read_text()) if row.get("reward") is not None]
+    peak, fall = float("-inf"), None
+    for row in sorted(rows, key=lambda r: r["step"]):
+        peak = max(peak, row["reward"])
+        below = row["reward"] < 0.5 * peak
+        fall = (fall if fall is not None else row["step"]) if below else None
+    return fall
+
+
+pytestmark = pytest.mark.skipif(
+    not real_logs(), reason="../shared/real_logs is not here (it lives beside the repo)"
+)
+
+
+def test_every_labelled_run_of_the_readme_is_here():
+    names = {run_name(path) for path in real_logs()}
+    assert set(LABELS) <= names
+
+
+@pytest.mark.parametrize("path", [p for p in real_logs() if label(p) == "collapsed"], ids=run_name)
+def test_the_real_run_labelled_collapsed_is_collapsed_and_flagged_before_its_final_fall(path):
+    exit_code, verdict = postmortem_json(path)
+    assert (exit_code, verdict["status"]) == (EXIT["collapsed"], "collapsed")
+    assert verdict["root_cause"] is not None and verdict["remedy"] is not None
+    assert verdict["first_critical"] is not None and verdict["first_critical"] <= verdict["collapse_step"]
+    fall = last_fall_below_half(path)
+    assert fall is not None and verdict["first_critical"] < fall, (verdict["first_critical"], fall)
+
+
+@pytest.mark.parametrize("path", [p for p in real_logs() if label(p) == "healthy"], ids=run_name)
+def test_a_real_run_labelled_healthy_is_healthy_without_a_critical_alert(path):
+    exit_code, verdict = postmortem_json(path)
+    assert (exit_code, verdict["status"], verdict["root_cause"]) == (EXIT["healthy"], "healthy", None)
+    assert verdict["first_critical"] is None, verdict["top_alerts"][:3]
+
+
+@pytest.mark.parametrize("path", [p for p in real_logs() if label(p) is None], ids=run_name)
+def test_an_unlabelled_real_run_gets_a_verdict(path):
+    exit_code, verdict = postmortem_json(path)
+    assert verdict["status"] in EXIT and exit_code == EXIT[verdict["status"]]
+    assert verdict["updates"] > 0
+
+
+def test_the_real_logs_lack_kl_so_the_kl_detectors_are_not_evaluated():
+    _, verdict = postmortem_json(real_logs()[0])
+    assert "kl_rise" in verdict["not_evaluated"] and verdict["inputs"]["kl"] == []
