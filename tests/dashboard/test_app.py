@@ -9,6 +9,7 @@ import pyarrow.compute as pc
 from streamlit.testing.v1 import AppTest
 
 from sorl_monitor import Monitor
+from sorl_monitor.postmortem import postmortem
 from sorl_monitor.query import open_runs
 from tests.dashboard.conftest import GUARDED, STABLE, open_app, page_text
 from tests.detectors.synthetic import stable_rows, write_rows
@@ -87,13 +88,18 @@ def test_alert_view_lists_the_logged_alerts_and_ctn_actions_and_the_verdict(monk
     assert_clean(app)
     with open_runs(ppo_logs) as runs:
         logged = runs.sql(f"SELECT kind FROM alerts WHERE run_id = '{GUARDED}'")
+        verdict = postmortem(runs, GUARDED)
     actions = pc.sum(pc.equal(logged.column("kind"), "action")).as_py()
     switches, table = (frame.value for frame in app.dataframe[:2])
     assert len(switches) == actions and set(switches["switch"]) <= {"ctn_on", "ctn_off"}
     assert len(table) == logged.num_rows
     text = page_text(app)
     assert f"{logged.num_rows - actions} alerts, {actions} CTN actions" in text
-    assert "[**Root cause:" in text and "**Remedy:**" in text
+    if verdict.status == "collapsed":
+        assert "[**Root cause:" in text and "**Remedy:**" in text
+    else:
+        assert "[**Healthy**]" in text and "Root cause" not in text and "**Remedy:**" not in text
+    assert all(note in text for note in verdict.notes), verdict.notes
 
 
 def test_sql_view_runs_a_query_and_offers_its_csv(monkeypatch, ppo_logs):

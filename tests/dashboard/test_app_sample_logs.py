@@ -54,3 +54,16 @@ def test_a_collapsed_sample_run_shows_its_collapse_and_root_cause(monkeypatch):
         alerts.run()
     assert "[**Root cause:" in page_text(alerts)
     assert alerts.metric[0].value == f"step {step}"
+
+
+def test_a_healthy_sample_run_shows_healthy_without_a_root_cause(monkeypatch):
+    healthy = [run_id for run_id, step in collapse_steps().items() if step is None]
+    if not healthy:
+        pytest.skip("no healthy run in sample_logs/")
+    alerts = open_app(monkeypatch, SAMPLE_LOGS, view="Alerts & verdict", runs=[healthy[0]])
+    deadline = time.monotonic() + 120
+    while "Computing the post-mortem" in page_text(alerts) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        alerts.run()
+    text = page_text(alerts)
+    assert "[**Healthy**]" in text and "Root cause" not in text and "**Remedy:**" not in text

@@ -56,16 +56,16 @@ def test_dashboard_binds_localhost_headless_without_usage_stats_by_default(launc
 
 def test_dashboard_passes_the_log_folder_and_settings_to_the_app(launch, tmp_path):
     config = tmp_path / "detectors.toml"
-    config.write_text("clip_frac_severe = 0.4\n")
+    config.write_text("clip_rise_critical = 7.5\n")
     port = free_port()
     launched = launch(
-        tmp_path, "--port", port, "--refresh", "5", "--config", config, "--set", "kl_spike_warning=3"
+        tmp_path, "--port", port, "--refresh", "5", "--config", config, "--set", "kl_rise_warning=3"
     )
     assert option(launched.command, "--server.port") == str(port)
     assert launched.env[LOG_DIR_ENV] == str(tmp_path.resolve())
     assert launched.env[REFRESH_ENV] == "5.0"
     assert launched.env[CONFIG_ENV] == str(config.resolve())
-    assert launched.env[OVERRIDES_ENV] == "kl_spike_warning=3"
+    assert launched.env[OVERRIDES_ENV] == "kl_rise_warning=3"
 
 
 def test_a_missing_log_folder_is_a_one_line_error(tmp_path):

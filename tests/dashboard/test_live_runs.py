@@ -16,7 +16,7 @@ from sorl_monitor.detectors import detect
 from sorl_monitor.postmortem import label_collapse, postmortem
 from sorl_monitor.query import open_runs
 from tests.dashboard.conftest import GUARDED
-from tests.detectors.synthetic import KEYS, PATTERNS, stable_rows, write_rows
+from tests.detectors.synthetic import KEYS, PATTERNS, collapse_reward, stable_rows, write_rows
 
 TURN_CELLS_CHECK = """
 SELECT step, turn_idx, count(*) AS turns, avg(ratio_mean) AS ratio_mean, max(ratio_max) AS token_ratio_max
@@ -167,9 +167,7 @@ def test_finished_and_failed_runs_show_their_status(tmp_path):
 
 
 def test_collapse_step_is_the_postmortem_label_on_a_synthetic_reward_collapse(tmp_path):
-    rows = stable_rows(400)
-    for row in rows[250:]:
-        PATTERNS["reward_drop"](row)
+    rows = collapse_reward(stable_rows(400), 250)
     write_rows(tmp_path, "synthetic-collapse", rows)
     live = fresh(tmp_path)
 
@@ -203,8 +201,8 @@ def test_an_unreadable_part_is_skipped_and_reported(tmp_path):
 def test_detector_firings_found_while_a_synthetic_run_is_written_equal_detect_over_the_whole_run(tmp_path):
     rows = stable_rows(400)
     for row in rows[250:]:
-        PATTERNS["clip_frac_level"](row)
-        PATTERNS["kl_spike"](row)
+        PATTERNS["clip_rise"](row)
+        PATTERNS["kl_rise"](row)
     live = LiveRuns(tmp_path, min_refresh_s=0)
     with Monitor(tmp_path, "growing", flush_interval_s=0.05) as mon:
         for chunk in (rows[:120], rows[120:260], rows[260:]):
@@ -212,6 +210,7 @@ def test_detector_firings_found_while_a_synthetic_run_is_written_equal_detect_ov
                 mon.log_scalars(
                     row["step"], {k: v for k, v in row.items() if k not in KEYS}, iteration=row["iteration"],
                     ppo_epoch=row["ppo_epoch"], minibatch=row["minibatch"], policy_lag=row["policy_lag"],
+                    names=None,
                 )  # fmt: skip
             assert mon.flush()
             live.refresh()

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from sorl_monitor.report import alert_onsets, ctn_spans
+from sorl_monitor.detectors import DETECTOR_NAMES
+from sorl_monitor.report import CURVE_ROWS, DETECTOR_PANEL, alert_onsets, ctn_spans
 
 
 def alert(step: int, detector: str = "kl_rise", severity: str = "warning") -> dict:
@@ -32,3 +33,8 @@ def test_ctn_spans_follow_the_logged_ctn_active_column():
 def test_ctn_spans_fall_back_to_guard_actions_when_ctn_active_was_not_logged():
     spans = ctn_spans([0, 1, 2, 3, 4, 5], [None] * 6, [(1, "ctn_on"), (3, "ctn_off"), (4, "ctn_on")])
     assert spans == [(1, 3), (4, 5)]
+
+
+def test_every_detector_has_a_curve_panel_for_its_markers():
+    assert [name for name in DETECTOR_NAMES if name not in DETECTOR_PANEL] == []
+    assert set(DETECTOR_PANEL.values()) <= {column for column, _, _ in CURVE_ROWS}
