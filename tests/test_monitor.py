@@ -139,11 +139,11 @@ def test_disabled_monitor_writes_nothing(tmp_path):
 def test_alerts_are_validated_and_written(tmp_path):
     with Monitor(tmp_path, "al") as mon:
         mon.log_scalars(3, {"clip_frac": 0.6})
-        mon.log_alert("clip_frac_level", "critical", "clip fraction 0.6 > 0.5", value=0.6, threshold=0.5)
+        mon.log_alert("clip_rise", "critical", "clip fraction 0.6 > 0.5", value=0.6, threshold=0.5)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             mon.log_alert("x", "catastrophic", "bad severity")
         assert any("severity" in str(w.message) for w in caught)
     with open_runs(tmp_path / "al") as runs:
         alerts = runs.sql("SELECT step, detector, severity, kind FROM alerts").to_pylist()
-    assert alerts == [{"step": 3, "detector": "clip_frac_level", "severity": "critical", "kind": "alert"}]
+    assert alerts == [{"step": 3, "detector": "clip_rise", "severity": "critical", "kind": "alert"}]

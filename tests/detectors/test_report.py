@@ -1,9 +1,15 @@
-"""Report helpers: alert onsets over logged updates, CTN-on spans from ctn_active or from guard actions."""
+"""Report helpers: alert onsets over logged updates, CTN-on spans from ctn_active or from guard actions, marker
+panels, and the HTML verdict."""
 
 from __future__ import annotations
 
+import html
+
 from sorl_monitor.detectors import DETECTOR_NAMES
-from sorl_monitor.report import CURVE_ROWS, DETECTOR_PANEL, alert_onsets, ctn_spans
+from sorl_monitor.postmortem import postmortem
+from sorl_monitor.query import open_runs
+from sorl_monitor.report import CURVE_ROWS, DETECTOR_PANEL, alert_onsets, ctn_spans, verdict_html
+from tests.detectors.synthetic import pattern_rows, write_rows
 
 
 def alert(step: int, detector: str = "kl_rise", severity: str = "warning") -> dict:
@@ -38,3 +44,12 @@ def test_ctn_spans_fall_back_to_guard_actions_when_ctn_active_was_not_logged():
 def test_every_detector_has_a_curve_panel_for_its_markers():
     assert [name for name in DETECTOR_NAMES if name not in DETECTOR_PANEL] == []
     assert set(DETECTOR_PANEL.values()) <= {column for column, _, _ in CURVE_ROWS}
+
+
+def test_the_html_verdict_of_a_healthy_synthetic_run_lists_its_notes_but_no_root_cause_or_remedy(tmp_path):
+    run = write_rows(tmp_path, "alarmed", pattern_rows("kl_rise", 400))
+    with open_runs(run) as runs:
+        verdict = postmortem(runs, "alarmed")
+    page = verdict_html(verdict)
+    assert verdict.notes and all(html.escape(note) in page for note in verdict.notes)
+    assert "root cause" not in page and "remedy" not in page and "none: healthy" in page
