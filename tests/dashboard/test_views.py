@@ -6,6 +6,8 @@ import numpy as np
 import pyarrow as pa
 
 from sorl_monitor.dashboard_data import LiveRuns, RunCurves
+from sorl_monitor.detectors import DETECTOR_NAMES
+from sorl_monitor.report import DETECTOR_PANEL
 from sorl_monitor.views import (
     OVERVIEW_PANELS,
     module_norms_figure,
@@ -61,6 +63,11 @@ def test_alert_markers_sit_on_the_panel_of_their_detector_synthetic():
     assert list(markers[0].x) == [30]
     assert markers[0].y[0] == steps.column("kl_old_k3")[30].as_py()
     assert "KL jumped" in markers[0].text[0]
+
+
+def test_every_detector_has_a_panel_of_the_overview_for_its_markers():
+    columns = {column for panel in OVERVIEW_PANELS for column, _ in panel.series}
+    assert {d: DETECTOR_PANEL.get(d) for d in DETECTOR_NAMES if DETECTOR_PANEL.get(d) not in columns} == {}
 
 
 def test_ctn_spans_are_shaded_and_the_collapse_step_is_marked_synthetic():
