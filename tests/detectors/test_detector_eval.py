@@ -235,7 +235,7 @@ def test_leave_one_setting_out_scores_every_run_once_synthetic(loso_corpus):
     assert (score.collapsing, score.detected, score.stable, score.false_alarms) == (3, 2, 2, 0)
 
 
-def test_combined_alarm_is_the_earliest_of_the_fitted_crossings_and_the_unfitted_critical_alerts():
+def test_combined_alarm_is_the_earliest_of_the_fitted_crossings_and_the_unfitted_critical_alerts_synthetic():
     g = grid()
     series, first = series_of({"r": jump(80, g[-1] + 1)})
     first["unfitted"]["r"] = 120
