@@ -549,8 +549,9 @@ class LiveRuns:
     def detector_alerts(self, run_id: str) -> pa.Table:
         """The detectors' firings over the run's steps (``detect``'s columns: run_id, step, detector, …).
 
-        Incremental: each call runs the detectors only over the steps after the last one checked (their
-        windows look back, never forward, so earlier firings stay as they were).
+        Incremental: each call runs the detectors over the blocks from the one that held the last step
+        checked on (their windows look back, never forward, so earlier blocks' firings stay as they were; a
+        block still being written when last checked is judged again, now on all its rows).
         """
         with self._lock:
             cache = self._cache(run_id)
@@ -560,7 +561,11 @@ class LiveRuns:
             checked, found = stored[1] if stored is not None else (None, ALERT_COLUMNS.empty_table())
             steps = self.steps(run_id)
             if steps.num_rows:
-                found = pa.concat_tables([found, self._detector(steps, run_id, after_step=checked)])
+                block = self.detector_config.smooth_steps
+                after = None if checked is None else (checked // block) * block - 1
+                if after is not None:
+                    found = found.filter(pc.less_equal(found.column("step"), after))
+                found = pa.concat_tables([found, self._detector(steps, run_id, after_step=after)])
                 checked = pc.max(steps.column("step")).as_py()
             cache.memo["detect"] = (cache.version, (checked, found))
             return found
@@ -576,10 +581,12 @@ class LiveRuns:
         self._con.register("steps", with_columns(steps, ["reward_mean", "loss", "pg_loss"], run_id))
         try:
             params = detect_params(COLLAPSE_SQL, self.detector_config, run_id)
-            rows = self._con.execute(COLLAPSE_SQL, params).fetchall()
+            cursor = self._con.execute(COLLAPSE_SQL, params)
+            names = [column[0] for column in cursor.description]
+            rows = cursor.fetchall()
         finally:
             self._con.unregister("steps")
-        return rows[0][3] if rows else None
+        return rows[0][names.index("collapse_step")] if rows else None
 
     def curves(self, run_id: str) -> RunCurves:
         """The overview's data for one run: steps, alert onsets (logged alerts and detector firings),
@@ -603,7 +610,8 @@ class LiveRuns:
             active if len(active) == len(step_list) else [None] * len(step_list),
             [(row["step"], row["detector"]) for row in actions.to_pylist()],
         )
-        return RunCurves(run_id, steps, alert_onsets(unique, step_list), spans, self.collapse_step(run_id))
+        onsets = alert_onsets(unique, step_list, self.detector_config.smooth_steps)
+        return RunCurves(run_id, steps, onsets, spans, self.collapse_step(run_id))
 
     def clip_eps(self, run_id: str) -> float:
         """The run's PPO clip ε (``clip_eps`` in its config), else the detectors' turn-ratio ε."""

@@ -1,23 +1,30 @@
-"""Collapse-precursor detectors: one named SQL definition each, run offline and live alike (DESIGN §4).
+"""Collapse-precursor detectors: one named SQL definition each, run offline and live alike (docs/detectors.md).
 
-Each ``Detector`` computes one number per logged update (``value``) with DuckDB window functions
-over the ``steps`` rows of a run; an alert is raised where ``value > <name>_warning`` (severity
-``warning``) or ``value > <name>_severe`` (severity ``critical``). The same SQL runs
+Each ``Detector`` computes one number per logged step (``value``) with DuckDB window functions over
+the ``steps`` rows of a run; an alert is raised where ``value > <name>_warning`` (severity
+``warning``) or ``value > <name>_critical`` (severity ``critical``). The same SQL runs
 
-* offline over a ``RunSet`` (the Parquet files of finished or live runs), and
+* offline over a ``RunSet`` (the Parquet files of finished or live runs, or a foreign trainer's log), and
 * live over an in-memory Arrow table of recent ``steps`` rows (``Monitor.recent_steps()``), which
   DuckDB reads without a copy — what the trainer's CTN guard (``sorl_monitor.guard``) does,
 
-so a guard and a post-mortem never disagree. Every window looks back at most
-``DetectorConfig.lookback_steps`` rows and never forward: an alert at step ``s`` depends only on
-rows ``≤ s``, so it is the same whether computed during training or after it.
+so a guard and a post-mortem never disagree.
 
-    alerts = detect(open_runs("runs/"), DetectorConfig(clip_frac_severe=0.4))
+Time is counted in optimizer steps, not rows: every window is a ``RANGE`` over ``step``, so a run
+logged every step and the same run logged every 5 steps see the same windows, and gaps are gaps.
+Each signal is judged against the run's own history, never against a fixed scale: a *fold*
+detector divides the signal's smoothed level by its quiet level (its running low over the previous
+``history_steps`` steps), floored at a small value in the signal's natural unit (the KL at the
+trust-region edge, a share of tokens), so a toy at clip fraction 0.15 and a 7B run at 0.003 are
+judged alike. A window looks back at most ``DetectorConfig.lookback_steps`` steps and never
+forward: an alert at step ``s`` depends only on rows ``≤ s``.
+
+    alerts = detect(open_runs("runs/"), DetectorConfig(kl_rise_critical=20))
     # run_id, step, detector, severity, value, threshold, message  (one row per firing)
 
-Thresholds live in ``DetectorConfig`` (documented defaults; ``load_config`` reads a TOML file and
-``--set name=value`` overrides). Defaults are principled starting points (the PPO trust region,
-robust z-scores, the paper's clip-fraction 0.5), not values fitted to any run.
+Thresholds live in ``DetectorConfig`` (``load_config`` reads a TOML file, ``--set name=value``
+overrides). The critical thresholds of the fold detectors are the ones ``benchmarks/detector_eval.py``
+fits on the bundled trainer's corpus (scored leave-one-setting-out); see docs/detectors.md.
 """
 
 from __future__ import annotations
@@ -52,119 +59,121 @@ ALERT_COLUMNS = pa.schema(
 
 @dataclass(frozen=True)
 class DetectorConfig:
-    """Thresholds and windows of the detectors. ``*_warning`` raises a warning, ``*_severe`` a critical alert.
+    """Windows, floors and thresholds of the detectors, and the collapse label's settings.
 
-    Set a threshold to ``inf`` to silence that level (TOML: ``inf``). Window lengths count logged
-    updates (``steps`` rows of one rank).
+    ``<detector>_warning`` raises a warning, ``<detector>_critical`` a critical alert; ``inf`` (TOML:
+    ``inf``) silences that level. Windows count optimizer steps (the ``step`` column), not rows.
     """
 
-    # ---- shared windows
-    smooth_steps: int = 4
-    """Trailing mean over this many updates for level detectors (clip fraction, turn tail, entropy, rewards)."""
-    min_history: int = 16
-    """Updates of history a baseline needs before a spike or drop detector may fire."""
-    baseline_steps: int = 64
-    """Look-back of the rolling median / MAD baselines (KL and grad-norm spikes)."""
-    peak_steps: int = 256
-    """Look-back of the running peaks / minima (entropy, reward, reward std, zero-std groups)."""
+    # ---- time (optimizer steps)
+    smooth_steps: int = 8
+    """Block length: every signal is averaged over blocks of this many steps (``step // smooth_steps``), and each
+    detector judges each block (a block still being written, on its rows so far)."""
+    history_steps: int = 256
+    """Look-back of every baseline: the quiet level, running peaks, robust z-scores."""
+    min_history_steps: int = 16
+    """A baseline must span this many steps before a detector that uses it may fire…"""
+    min_history_blocks: int = 2
+    """…and hold this many blocks with logged rows (sparse logs)."""
 
-    # ---- clip_frac_level: trailing mean of the token clip fraction
-    clip_frac_level_warning: float = 0.3
-    clip_frac_severe: float = 0.5
-    """The paper's threshold: over half the tokens outside the trust region."""
+    # ---- floors: the smallest quiet level a fold divides by, in each signal's natural unit
+    clip_floor: float = 0.02
+    """Share of tokens (token and turn clip fractions): changes below 2% of tokens are noise."""
+    kl_floor: float = 0.02
+    """Nats per token: about the k3 KL of a ratio at the trust-region edge (1.2 − 1 − ln 1.2 = 0.018)."""
+    entropy_floor: float = 0.01
+    """Nats per token."""
+    truncation_floor: float = 0.05
+    """Share of completions that hit the length limit."""
+    grad_min_log_spread: float = 0.25
+    """grad_norm_spike: the spread (std) of ln(grad norm) is floored here (a run whose grad norm barely
+    moves would otherwise turn a 30% bump into a spike)."""
 
-    # ---- clip_frac_trend: rise of the clip fraction over a window (OLS slope × window)
-    clip_frac_trend_steps: int = 16
-    clip_frac_trend_floor: float = 0.1
-    """The trend only counts while the (smoothed) clip fraction is at least this."""
-    clip_frac_trend_warning: float = 0.15
-    clip_frac_trend_severe: float = math.inf
-    """Off by default: the clip fraction also rises while a healthy run starts to learn."""
-
-    # ---- turn_ratio_tail: trailing mean of the share of turns with w̄_k outside the trust region
-    turn_ratio_tail_warning: float = 0.2
-    turn_ratio_tail_severe: float = 0.4
-
-    # ---- turn_ratio_max: largest turn-level ratio w̄_k of the update
-    turn_ratio_max_warning: float = 2.0
-    turn_ratio_max_severe: float = 4.0
-
-    # ---- token_ratio_p99 / token_ratio_max: token-ratio tail blow-up
-    token_ratio_p99_warning: float = 2.0
-    token_ratio_p99_severe: float = 5.0
-    token_ratio_max_warning: float = 10.0
-    token_ratio_max_severe: float = 100.0
-
-    # ---- kl_spike: KL(π_old‖π_θ) (k3) over its rolling median of the previous baseline_steps updates
-    kl_spike_floor: float = 0.02
-    """KL (nats/token) below this never counts as a spike (about the KL of ratios at the trust-region edge); the
-    rolling median is floored here too, so a jump from ~0 must reach kl_spike_warning × this to count."""
-    kl_spike_warning: float = 4.0
-    kl_spike_severe: float = 10.0
-
-    # ---- grad_norm_spike: robust z = (g − median) / (1.4826·MAD) over the previous baseline_steps updates
-    grad_spike_min_ratio: float = 2.0
-    """A spike must also be at least this many times the rolling median."""
+    # ---- clip_rise: token clip fraction ÷ its quiet level
+    clip_rise_warning: float = 3.0
+    clip_rise_critical: float = 5.0
+    """Fitted on the bundled trainer's corpus (benchmarks/detector_eval.py), as are the next two criticals."""
+    # ---- turn_clip_rise: share of turns with w̄_k outside the trust region ÷ its quiet level
+    turn_clip_rise_warning: float = 4.0
+    turn_clip_rise_critical: float = 10.0
+    # ---- kl_rise: KL to the behaviour policy ÷ its quiet level
+    kl_rise_warning: float = 5.0
+    kl_rise_critical: float = math.inf
+    """Off: on the corpus no KL threshold up to 100× added a detection without false alarms (it still warns,
+    trips the CTN guard and counts for the root cause)."""
+    # ---- kl_ref_rise: KL to the reference policy ÷ its quiet level (drifting from the reference is the point
+    # of fine-tuning, so it only warns)
+    kl_ref_rise_warning: float = 10.0
+    kl_ref_rise_critical: float = math.inf
+    # ---- ratio_tail_rise: ln(token ratio p99) ÷ its quiet level (floored at ln 1.2, the trust region's edge)
+    ratio_tail_rise_warning: float = 4.0
+    ratio_tail_rise_critical: float = math.inf
+    # ---- entropy_rise: entropy ÷ its quiet level; entropy_collapse: 1 − entropy ÷ its high level
+    entropy_rise_warning: float = 3.0
+    entropy_rise_critical: float = 8.0
+    """Three doublings above the run's own low: a policy turning random (not fitted: the corpus has no
+    entropy-driven collapse; see docs/detectors.md for how this was chosen)."""
+    entropy_collapse_warning: float = 0.8
+    entropy_collapse_critical: float = math.inf
+    """A learning policy lowers its entropy; a collapse of it is a warning sign, not proof."""
+    # ---- grad_norm_spike: robust z of ln(grad norm) over the history (exact zeros are no-gradient batches, skipped)
     grad_norm_spike_warning: float = 6.0
-    grad_norm_spike_severe: float = 12.0
-
-    # ---- entropy_collapse: 1 − H / (running peak of H); entropy_rise: H / (running minimum of H)
-    entropy_collapse_warning: float = 0.5
-    entropy_collapse_severe: float = math.inf
-    """Off by default: a policy that learns also lowers its entropy; collapse is a warning sign, not proof."""
-    entropy_rise_min_nats: float = 0.1
-    """A rise must also be at least this many nats above the running minimum."""
-    entropy_rise_warning: float = 1.5
-    entropy_rise_severe: float = 3.0
-
-    # ---- echo_trap: share of GRPO groups with zero reward std, after rising by echo_trap_rise
+    grad_norm_spike_critical: float = math.inf
+    """Off: with stale rollouts healthy runs spike routinely (docs/detectors.md)."""
+    # ---- echo_trap / reward_std_collapse: reward variance dying while the reward is below its peak
     echo_below_peak: float = 0.9
-    """Echo-Trap signals count only while the reward moving average is below this share of its running
-    peak: zero reward variance in a converged, successful policy is not a trap."""
+    """Echo-Trap signals count only while the reward moving average is below this share of its running peak."""
     echo_trap_rise: float = 0.3
     echo_trap_warning: float = 0.5
-    echo_trap_severe: float = 0.8
-
-    # ---- reward_std_collapse: 1 − std / running peak of std, while reward is below its peak (echo_below_peak)
+    echo_trap_critical: float = math.inf
     reward_std_collapse_warning: float = 0.8
-    reward_std_collapse_severe: float = math.inf
-
-    # ---- reward_drop: 1 − reward moving average / its running peak
-    reward_ma_steps: int = 8
+    reward_std_collapse_critical: float = math.inf
+    # ---- length_rise, truncation_rise: completions growing / hitting the length limit
+    length_rise_warning: float = 2.0
+    length_rise_critical: float = math.inf
+    truncation_rise_warning: float = 3.0
+    truncation_rise_critical: float = math.inf
+    # ---- reward_drop: 1 − the block's mean reward ÷ its running peak
     reward_drop_warning: float = 0.25
-    reward_drop_severe: float = math.inf
-    """Off by default: the collapse label is defined on the same series, so it would measure itself."""
-
+    reward_drop_critical: float = math.inf
+    """Off: the collapse label is defined on the same series, so it would measure itself."""
     # ---- nonfinite: NaN/Inf inputs counted by the monitor plus non-finite loss, grad norm, KL, ratio, entropy
     nonfinite_warning: float = 0.0
-    nonfinite_severe: float = 0.0
+    nonfinite_critical: float = 0.0
 
     # ---- collapse label (evaluation, not an alert) and post-mortem
     collapse_ma_steps: int = 32
-    """Reward moving average of the collapse label (long enough that one unlucky rollout batch is not a collapse)."""
+    """Reward moving average of the collapse label, in steps."""
     collapse_fraction: float = 0.5
     """Collapse: the reward moving average falls below this share of its running peak…"""
     collapse_recovery_steps: int = 64
-    """…and does not come back above it within this many updates (or non-finite loss)."""
+    """…and is not back above it within this many steps (or the loss turns non-finite)…"""
+    collapse_min_tail_steps: int = 16
+    """…or the log ends below it at least this many steps after the drop ("the log ends collapsed")."""
     collapse_min_peak: float = 0.0
     """The running peak must exceed this for a drop to count (rewards near zero are noise)."""
     root_cause_steps: int = 128
-    """The post-mortem's evidence window: this many updates up to the collapse (or the run's end)."""
+    """The post-mortem's evidence window: this many steps up to the collapse (or the run's end)."""
     turn_ratio_eps: float = 0.2
     """ε of the post-mortem's turn-tail evidence: share of turns with |w̄_k − 1| > ε."""
     mismatch_clip_ratio: float = 2.0
     """Granularity mismatch: token clip fraction at least this many times the turn clip fraction…"""
+    mismatch_min_clip: float = 0.1
+    """…and at least this high (a tenth of the tokens outside the trust region)…"""
     mismatch_tail_ratio: float = 2.0
     """…or token-ratio tail (log p99) at least this many times as wide as the turn-ratio tail."""
     off_policy_min_slope: float = 0.02
     """Off-policy variance: clip fraction grows by at least this per update of policy lag in the window…"""
     off_policy_growth: float = 2.0
-    """…and at least this many times as fast as over the run's first root_cause_steps updates."""
+    """…and at least this many times as fast as over the run's first root_cause_steps steps."""
     off_policy_min_lag: int = 8
     """Or stale / reused rollouts (the behaviour policy at least this many updates old in the window)…"""
     off_policy_clip_growth: float = 1.5
-    """…whose token clip fraction grew to this many times its level over the run's first root_cause_steps
-    updates (fitted on the bundled trainer's sweep, where collapsing token-PPO runs reach 1.5–2.2×)."""
+    """…whose token clip fraction grew to this many times its level over the run's first root_cause_steps steps."""
+    degenerate_length_rise: float = 1.25
+    """Entropy blow-up with degenerate generations: completions grew to this many times their early length…"""
+    degenerate_truncation: float = 0.5
+    """…or at least this share of them hits the length limit."""
     turn_level_algorithms: tuple[str, ...] = ("turn_ppo", "st_ppo", "so_ppo", "so_grpo")
     """Algorithms that already use turn-level IS: granularity mismatch is not blamed on them."""
 
@@ -180,12 +189,8 @@ class DetectorConfig:
 
     @property
     def lookback_steps(self) -> int:
-        """Rows of history any detector reads: a live window this long gives the offline answer."""
-        return max(
-            self.peak_steps + max(self.smooth_steps, self.reward_ma_steps),
-            self.baseline_steps + 1,
-            self.clip_frac_trend_steps + self.smooth_steps,
-        )
+        """Steps of history any detector reads: a live window this long gives the offline answer."""
+        return self.history_steps + 2 * self.smooth_steps
 
     def replace(self, **changes: Any) -> DetectorConfig:
         return dataclasses.replace(self, **changes)
@@ -223,7 +228,7 @@ def config_from_mapping(values: Mapping[str, Any], base: DetectorConfig | None =
 
 
 def parse_overrides(assignments: Iterable[str]) -> dict[str, str]:
-    """``["clip_frac_severe=0.4", …]`` → ``{"clip_frac_severe": "0.4", …}``."""
+    """``["kl_rise_critical=20", …]`` → ``{"kl_rise_critical": "20", …}``."""
     parsed = {}
     for item in assignments:
         name, sep, value = item.partition("=")
@@ -233,26 +238,11 @@ def parse_overrides(assignments: Iterable[str]) -> dict[str, str]:
     return parsed
 
 
-PRESETS_DIR = Path(__file__).resolve().parent / "presets"
-"""Bundled detector settings, by name: ``stale-rollouts`` (calibrated on the bundled trainer's sweep)."""
-
-
-def preset_path(name: str) -> Path | None:
-    """The bundled preset called ``name`` (e.g. ``stale-rollouts``), or ``None``."""
-    path = PRESETS_DIR / f"{name}.toml"
-    return path if name and "/" not in name and path.is_file() else None
-
-
 def load_config(toml_path: str | Path | None = None, overrides: Iterable[str] = ()) -> DetectorConfig:
-    """Defaults, then the TOML file's settings (top level or a ``[detectors]`` table), then ``name=value``s.
-
-    ``toml_path`` may also name a bundled preset (``PRESETS_DIR``), e.g. ``"stale-rollouts"``.
-    """
+    """Defaults, then the TOML file's settings (top level or a ``[detectors]`` table), then ``name=value``s."""
     config = DetectorConfig()
     if toml_path is not None:
         path = Path(toml_path)
-        if not path.exists() and preset_path(str(toml_path)) is not None:
-            path = preset_path(str(toml_path))
         try:
             document = tomllib.loads(path.read_text())
         except FileNotFoundError:
@@ -269,54 +259,128 @@ def load_config(toml_path: str | Path | None = None, overrides: Iterable[str] = 
 
 
 # --------------------------------------------------------------------------------------- detectors
-SERIES: dict[str, str] = {
-    "clip_frac_smooth": "avg(clip_frac) OVER smooth",
-    "clip_frac_turn_smooth": "avg(clip_frac_turn) OVER smooth",
-    "clip_frac_rise": "regr_slope(clip_frac, seq) OVER trend * ($clip_frac_trend_steps - 1)",
-    "clip_frac_trend_count": "count(clip_frac) OVER trend",
-    "entropy_smooth": "avg(entropy) OVER smooth",
-    "zero_std_smooth": "avg(zero_std_group_frac) OVER smooth",
-    "reward_std_smooth": "avg(reward_std) OVER smooth",
-    "reward_ma": "avg(reward_mean) OVER reward_ma",
-}
-"""Trailing smoothed series the detectors share (windows ``smooth``, ``trend``, ``reward_ma`` below)."""
+def _finite(expression: str) -> str:
+    return f"CASE WHEN isfinite({expression}) THEN {expression} END"
 
-SERIES_WINDOWS = """
-    smooth AS (PARTITION BY run_id, rank ORDER BY seq ROWS BETWEEN $smooth_steps - 1 PRECEDING AND CURRENT ROW),
-    trend AS (PARTITION BY run_id, rank ORDER BY seq ROWS BETWEEN $clip_frac_trend_steps - 1 PRECEDING AND CURRENT ROW),
-    reward_ma AS (PARTITION BY run_id, rank ORDER BY seq ROWS BETWEEN $reward_ma_steps - 1 PRECEDING AND CURRENT ROW)"""
-VALUE_WINDOWS = """
-    baseline AS (PARTITION BY run_id, rank ORDER BY seq ROWS BETWEEN $baseline_steps PRECEDING AND 1 PRECEDING),
-    peak AS (PARTITION BY run_id, rank ORDER BY seq ROWS BETWEEN $peak_steps PRECEDING AND 1 PRECEDING)"""
-"""Detector values may use ``OVER baseline`` (rolling median/MAD) and ``OVER peak`` (running peaks): both
-look back only, never at the current row."""
+
+@dataclass(frozen=True)
+class Signal:
+    """One quantity a run logs, from whichever of its ``columns`` it has (first non-null wins)."""
+
+    expression: str
+    columns: tuple[str, ...]
+
+
+NONFINITE_COLUMNS = ("loss", "pg_loss", "grad_norm", "kl_old_k3", "ratio_max", "entropy")
+
+SIGNALS: dict[str, Signal] = {
+    "clip": Signal(_finite("coalesce(clip_frac, clip_frac_active)"), ("clip_frac", "clip_frac_active")),
+    "turn_clip": Signal(_finite("clip_frac_turn"), ("clip_frac_turn",)),
+    "kl_to_old": Signal(
+        _finite("nullif(coalesce(kl_old_k3, kl_old_k2, kl_old, abs(kl_old_k1)), 0)"),
+        ("kl_old_k3", "kl_old_k2", "kl_old", "kl_old_k1"),
+    ),
+    "kl_to_ref": Signal(
+        _finite("nullif(coalesce(kl_ref_k3, kl_ref_k2, kl_ref, abs(kl_ref_k1)), 0)"),
+        ("kl_ref_k3", "kl_ref_k2", "kl_ref", "kl_ref_k1"),
+    ),
+    "ratio_tail": Signal(_finite("ln(greatest(ratio_p99, 1))"), ("ratio_p99",)),
+    "token_entropy": Signal(_finite("entropy"), ("entropy",)),
+    "grad_log": Signal(_finite("ln(nullif(grad_norm, 0))"), ("grad_norm",)),
+    "zero_std": Signal(_finite("zero_std_group_frac"), ("zero_std_group_frac",)),
+    "reward": Signal(_finite("reward_mean"), ("reward_mean",)),
+    "reward_spread": Signal(_finite("reward_std"), ("reward_std",)),
+    "length": Signal(
+        _finite("coalesce(response_len_mean, completion_len_mean)"),
+        ("response_len_mean", "completion_len_mean"),
+    ),
+    "truncation": Signal(_finite("completion_truncated_frac"), ("completion_truncated_frac",)),
+    "nonfinite": Signal(
+        "coalesce(nonfinite_count, 0) + "
+        + " + ".join(
+            f"(CASE WHEN isfinite({c}) OR {c} IS NULL THEN 0 ELSE 1 END)" for c in NONFINITE_COLUMNS
+        ),
+        ("nonfinite_count", *NONFINITE_COLUMNS),
+    ),
+}
+"""What the detectors read. A signal takes the first non-null of its columns (``clip``: our token clip
+fraction, or the share where the clip binds as verl's ``pg_clipfrac`` / TRL's ``clip_ratio/region_mean``
+report it; ``kl_to_old``: k3, k2, the trainer's own estimator, |k1|); non-finite values are left out (the
+``nonfinite`` detector counts them), and so are exact zeros of the grad norm (no-gradient batches) and
+of the KL (an update on its own rollout)."""
+
+SERIES: dict[str, tuple[str, str]] = {
+    **{f"{name}_s": (name, f"avg({name})") for name in SIGNALS if name != "grad_log"},
+    "grad_log_max": ("grad_log", "max(grad_log)"),
+    "nonfinite_n": ("nonfinite", "sum(nonfinite)"),
+}
+"""What a block keeps of each signal: name → (the signal, its aggregate over the block's rows). ``<signal>_s``
+is the block mean (the smoothed signal); ``grad_log_max`` the block's largest ln(grad norm)."""
+
+HISTORY_WINDOW = """
+    history AS (PARTITION BY run_id, rank ORDER BY block
+                RANGE BETWEEN $history_blocks PRECEDING AND CURRENT ROW EXCLUDE CURRENT ROW)"""
+"""Detector values may use ``OVER history``: the blocks of the previous ``history_steps`` steps, never the
+current one. (``EXCLUDE CURRENT ROW``: DuckDB evaluates a ``RANGE`` frame ending ``1 PRECEDING`` far slower.)"""
+
+
+KNOWN = (
+    "(count(*) OVER history >= $min_history_blocks AND step - min(step) OVER history >= $min_history_steps)"
+)
+"""The run's history is long enough to judge against (``min_history_steps``, ``min_history_blocks``)."""
+
+
+def _fold(signal: str, floor: str, *, before_history: bool = False) -> str:
+    """``<signal>_s ÷ max(quiet level, floor)``: the smoothed signal over its own running low. With
+    ``before_history``, a run too young to have a quiet level is judged against the floor alone (where the
+    floor is a natural unit: the trust region's KL, a share of tokens); otherwise it is not judged yet."""
+    series = f"{signal}_s"
+    quiet = f"greatest(min({series}) OVER history, {floor})"
+    if before_history:
+        return f"{series} / CASE WHEN {KNOWN} THEN {quiet} ELSE {floor} END"
+    return f"CASE WHEN {KNOWN} THEN {series} / {quiet} END"
+
+
+def _peak_fraction(series: str) -> str:
+    """``1 − series ÷ its high level`` (its running maximum over the history)."""
+    return (f"CASE WHEN {KNOWN} AND max({series}) OVER history > 0 "
+            f"THEN 1 - {series} / max({series}) OVER history END")  # fmt: skip
+
+
+BELOW_PEAK = "reward_s < $echo_below_peak * max(reward_s) OVER history"
+"""The reward is below its running peak: reward variance dying there is not a converged policy."""
 
 
 @dataclass(frozen=True)
 class Detector:
-    """One named detector: a SQL expression ``value`` for each update, and the columns it reads.
+    """One named detector: a SQL expression ``value`` for each step, and the signals it reads.
 
-    ``value`` may use the ``steps`` columns in ``columns``, the shared ``SERIES``, the windows
-    ``baseline`` / ``peak``, and ``$``-parameters named after ``DetectorConfig`` fields; it is NULL
-    where the detector does not apply. An alert is raised where ``value > $<warning>`` (critical above
-    ``$<severe>``); ``message`` is a ``printf`` format taking the value and the threshold.
+    ``value`` may use the ``SIGNALS`` (per step), their smoothed ``SERIES`` (``<signal>_s``), the
+    window ``history``, and ``$``-parameters named after ``DetectorConfig`` fields; it is NULL where the
+    detector does not apply. An alert is raised where ``value > $<name>_warning`` (critical above
+    ``$<name>_critical``); ``message`` is a ``printf`` format taking the value and the threshold.
+    ``family`` groups detectors by what went wrong (the post-mortem reasons about families).
     """
 
     name: str
+    family: str
     description: str
-    columns: tuple[str, ...]
+    signals: tuple[str, ...]
     value: str
     message: str
-    warning: str = ""
-    severe: str = ""
 
     @property
     def warning_key(self) -> str:
-        return self.warning or f"{self.name}_warning"
+        return f"{self.name}_warning"
 
     @property
-    def severe_key(self) -> str:
-        return self.severe or f"{self.name}_severe"
+    def critical_key(self) -> str:
+        return f"{self.name}_critical"
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The ``steps`` columns that carry this detector's inputs (of a signal's columns, any one will do)."""
+        return tuple(dict.fromkeys(c for s in self.signals for c in SIGNALS[s].columns))
 
     @property
     def sql(self) -> str:
@@ -326,163 +390,132 @@ class Detector:
 
 DETECTORS: tuple[Detector, ...] = (
     Detector(
-        "clip_frac_level",
-        "Token clip fraction (share of tokens with r_t outside [1−ε, 1+ε]), mean of the last smooth_steps updates.",
-        ("clip_frac",),
-        "clip_frac_smooth",
-        "token clip fraction %.3g above %.3g",
-        warning="clip_frac_level_warning",
-        severe="clip_frac_severe",
+        "clip_rise", "ratio",
+        "Token clip fraction (clip_frac, or the share where the clip binds: verl pg_clipfrac, TRL clip_ratio)"
+        " ÷ its quiet level, floored at clip_floor.",
+        ("clip",), _fold("clip", "$clip_floor", before_history=True),
+        "token clip fraction %.3g× its quiet level (threshold %.3g×)",
     ),
     Detector(
-        "clip_frac_trend",
-        "Rise of the token clip fraction over the last clip_frac_trend_steps updates (OLS slope × (window − 1)),"
-        " while the smoothed clip fraction is at least clip_frac_trend_floor.",
-        ("clip_frac",),
-        """CASE WHEN clip_frac_trend_count >= $clip_frac_trend_steps AND clip_frac_smooth >= $clip_frac_trend_floor
-                THEN clip_frac_rise END""",
-        "token clip fraction rose by %.3g over the trend window (threshold %.3g)",
-    ),
-    Detector(
-        "turn_ratio_tail",
+        "turn_clip_rise", "ratio",
         "Share of turns whose turn-level ratio w̄_k = mean_{t∈k} r_t lies outside the trust region"
-        " (clip_frac_turn), mean of the last smooth_steps updates.",
-        ("clip_frac_turn",),
-        "clip_frac_turn_smooth",
-        "%.3g of turns have a turn ratio outside the trust region (threshold %.3g)",
+        " (clip_frac_turn) ÷ its quiet level, floored at clip_floor.",
+        ("turn_clip",), _fold("turn_clip", "$clip_floor", before_history=True),
+        "share of turns outside the trust region %.3g× its quiet level (threshold %.3g×)",
     ),
     Detector(
-        "turn_ratio_max",
-        "Largest turn-level ratio w̄_k of the update.",
-        ("turn_ratio_max",),
-        "turn_ratio_max",
-        "max turn ratio %.3g above %.3g",
+        "kl_rise", "kl",
+        "KL to the behaviour policy (k3, k2, the trainer's own estimator, or |k1|) ÷ its quiet level,"
+        " floored at kl_floor (about the KL at the trust-region edge).",
+        ("kl_to_old",), _fold("kl_to_old", "$kl_floor", before_history=True),
+        "KL to the behaviour policy %.3g× its quiet level (threshold %.3g×)",
     ),
     Detector(
-        "token_ratio_p99",
-        "99th percentile of the token ratio r_t = π_θ/π_old of the update.",
-        ("ratio_p99",),
-        "ratio_p99",
-        "token ratio p99 %.3g above %.3g",
+        "kl_ref_rise", "kl",
+        "KL to the reference policy ÷ its quiet level, floored at kl_floor.",
+        ("kl_to_ref",), _fold("kl_to_ref", "$kl_floor"),
+        "KL to the reference policy %.3g× its quiet level (threshold %.3g×)",
     ),
     Detector(
-        "token_ratio_max",
-        "Largest token ratio r_t of the update.",
-        ("ratio_max",),
-        "ratio_max",
-        "max token ratio %.3g above %.3g",
+        "ratio_tail_rise", "ratio",
+        "ln of the token ratio's 99th percentile ÷ its quiet level, floored at ln 1.2 (the trust region's edge).",
+        ("ratio_tail",), _fold("ratio_tail", "0.1823"),
+        "token-ratio tail (ln p99) %.3g× its quiet level (threshold %.3g×)",
     ),
     Detector(
-        "kl_spike",
-        "KL(π_old‖π_θ) (k3 estimator) over its median of the previous baseline_steps updates, the median"
-        " floored at kl_spike_floor; only when KL ≥ kl_spike_floor and min_history updates are known.",
-        ("kl_old_k3",),
-        """CASE WHEN count(kl_old_k3) OVER baseline >= $min_history AND kl_old_k3 >= $kl_spike_floor
-                THEN kl_old_k3 / greatest(median(kl_old_k3) OVER baseline, $kl_spike_floor) END""",
-        "KL(old) %.3g× its rolling median (threshold %.3g×)",
+        "entropy_rise", "entropy",
+        "Entropy ÷ its quiet level, floored at entropy_floor: the policy turning random.",
+        ("token_entropy",), _fold("token_entropy", "$entropy_floor"),
+        "entropy %.3g× its quiet level (threshold %.3g×)",
     ),
     Detector(
-        "grad_norm_spike",
-        "Robust z-score of the pre-clip grad norm: (g − median) / (1.4826·MAD) over the previous"
-        " baseline_steps updates (MAD floored at 1% of the median); only when g ≥ grad_spike_min_ratio ×"
-        " median and the median is positive (a policy with no gradient left is not spiking).",
-        ("grad_norm",),
-        """CASE WHEN count(grad_norm) OVER baseline >= $min_history AND median(grad_norm) OVER baseline > 0
-                 AND grad_norm >= $grad_spike_min_ratio * median(grad_norm) OVER baseline
-                THEN (grad_norm - median(grad_norm) OVER baseline)
-                     / greatest(1.4826 * mad(grad_norm) OVER baseline, 0.01 * median(grad_norm) OVER baseline) END""",
-        "grad norm spike: robust z = %.3g (threshold %.3g)",
+        "entropy_collapse", "entropy",
+        "Entropy drop: 1 − entropy ÷ its high level over the history.",
+        ("token_entropy",), _peak_fraction("token_entropy_s"),
+        "entropy fell by %.3g of its high level (threshold %.3g)",
     ),
     Detector(
-        "entropy_collapse",
-        "Entropy drop: 1 − H̄ / max(H̄ over the previous peak_steps updates), H̄ the smoothed entropy.",
-        ("entropy",),
-        """CASE WHEN count(entropy_smooth) OVER peak >= $min_history AND max(entropy_smooth) OVER peak > 0
-                THEN 1 - entropy_smooth / max(entropy_smooth) OVER peak END""",
-        "entropy fell by %.3g of its running peak (threshold %.3g)",
+        "grad_norm_spike", "gradient",
+        "z-score of ln(grad norm) against its mean and spread over the history (spread floored at"
+        " grad_min_log_spread): a spike on a log scale, as OLMo's grad-norm spike rule on the raw norm;"
+        " exact zeros (no-gradient batches) are skipped, not spikes.",
+        ("grad_log",),
+        f"""CASE WHEN grad_log_max IS NOT NULL AND {KNOWN}
+                THEN (grad_log_max - avg(grad_log_max) OVER history)
+                     / greatest(stddev_pop(grad_log_max) OVER history, $grad_min_log_spread) END""",
+        "grad norm spike: robust z of ln(grad norm) = %.3g (threshold %.3g)",
     ),
     Detector(
-        "entropy_rise",
-        "Entropy surge: H̄ / min(H̄ over the previous peak_steps updates), when H̄ is also"
-        " entropy_rise_min_nats above that minimum.",
-        ("entropy",),
-        """CASE WHEN count(entropy_smooth) OVER peak >= $min_history
-                 AND entropy_smooth - min(entropy_smooth) OVER peak >= $entropy_rise_min_nats
-                THEN entropy_smooth / greatest(min(entropy_smooth) OVER peak, 1e-9) END""",
-        "entropy rose to %.3g× its running minimum (threshold %.3g×)",
-    ),
-    Detector(
-        "echo_trap",
-        "Echo Trap: smoothed share of GRPO groups whose rewards are all equal (zero_std_group_frac),"
-        " once it has risen by echo_trap_rise above its minimum of the previous peak_steps updates, while"
-        " the reward moving average is below echo_below_peak × its running peak (not a converged policy).",
-        ("zero_std_group_frac", "reward_mean"),
-        """CASE WHEN count(zero_std_smooth) OVER peak >= $min_history
-                 AND zero_std_smooth - min(zero_std_smooth) OVER peak >= $echo_trap_rise
-                 AND reward_ma < $echo_below_peak * max(reward_ma) OVER peak
-                THEN zero_std_smooth END""",
+        "echo_trap", "reward_variance",
+        "Echo Trap: smoothed share of GRPO groups whose rewards are all equal, once it has risen by"
+        " echo_trap_rise above its quiet level, while the reward is below echo_below_peak × its running peak.",
+        ("zero_std", "reward"),
+        f"""CASE WHEN {KNOWN}
+                 AND zero_std_s - min(zero_std_s) OVER history >= $echo_trap_rise
+                 AND {BELOW_PEAK} THEN zero_std_s END""",
         "%.3g of reward groups have zero reward std (threshold %.3g)",
     ),
     Detector(
-        "reward_std_collapse",
-        "Reward std drop: 1 − σ̄ / max(σ̄ over the previous peak_steps updates), while the reward moving"
-        " average is below echo_below_peak × its running peak (so not a converged policy).",
-        ("reward_std", "reward_mean"),
-        """CASE WHEN count(reward_std_smooth) OVER peak >= $min_history AND max(reward_std_smooth) OVER peak > 0
-                 AND reward_ma < $echo_below_peak * max(reward_ma) OVER peak
-                THEN 1 - reward_std_smooth / max(reward_std_smooth) OVER peak END""",
-        "reward std fell by %.3g of its running peak (threshold %.3g)",
+        "reward_std_collapse", "reward_variance",
+        "Reward std drop: 1 − σ̄ ÷ its high level, while the reward is below echo_below_peak × its running peak.",
+        ("reward_spread", "reward"),
+        f"CASE WHEN {BELOW_PEAK} THEN {_peak_fraction('reward_spread_s')} END",
+        "reward std fell by %.3g of its high level (threshold %.3g)",
     ),
     Detector(
-        "reward_drop",
-        "Reward drop: 1 − R̄ / max(R̄ over the previous peak_steps updates), R̄ the reward moving average"
-        " over reward_ma_steps; only when that peak is positive.",
-        ("reward_mean",),
-        """CASE WHEN count(reward_ma) OVER peak >= $min_history AND max(reward_ma) OVER peak > 0
-                THEN 1 - reward_ma / max(reward_ma) OVER peak END""",
+        "length_rise", "length",
+        "Mean response (or completion) length ÷ its quiet level.",
+        ("length",), _fold("length", "1"),
+        "responses %.3g× as long as their quiet level (threshold %.3g×)",
+    ),
+    Detector(
+        "truncation_rise", "length",
+        "Share of completions that hit the length limit ÷ its quiet level, floored at truncation_floor.",
+        ("truncation",), _fold("truncation", "$truncation_floor"),
+        "share of truncated completions %.3g× its quiet level (threshold %.3g×)",
+    ),
+    Detector(
+        "reward_drop", "reward",
+        "Reward drop: 1 − R̄ ÷ max R̄ over the history, R̄ the block's mean reward.",
+        ("reward",),
+        f"""CASE WHEN {KNOWN} AND max(reward_s) OVER history > 0
+                THEN 1 - reward_s / max(reward_s) OVER history END""",
         "reward moving average fell by %.3g of its running peak (threshold %.3g)",
     ),
     Detector(
-        "nonfinite",
+        "nonfinite", "blowup",
         "Non-finite values: the monitor's nonfinite_count plus one for each of loss, pg_loss, grad_norm,"
         " kl_old_k3, ratio_max, entropy that is NaN or ±Inf.",
-        ("nonfinite_count", "loss", "pg_loss", "grad_norm", "kl_old_k3", "ratio_max", "entropy"),
-        """coalesce(nonfinite_count, 0)
-           + (CASE WHEN isfinite(loss) OR loss IS NULL THEN 0 ELSE 1 END)
-           + (CASE WHEN isfinite(pg_loss) OR pg_loss IS NULL THEN 0 ELSE 1 END)
-           + (CASE WHEN isfinite(grad_norm) OR grad_norm IS NULL THEN 0 ELSE 1 END)
-           + (CASE WHEN isfinite(kl_old_k3) OR kl_old_k3 IS NULL THEN 0 ELSE 1 END)
-           + (CASE WHEN isfinite(ratio_max) OR ratio_max IS NULL THEN 0 ELSE 1 END)
-           + (CASE WHEN isfinite(entropy) OR entropy IS NULL THEN 0 ELSE 1 END)""",
+        ("nonfinite",), "nonfinite_n",
         "%.0f non-finite values (threshold %.0f)",
     ),
-)
+)  # fmt: skip
 """Every detector, in the order alerts are listed."""
 
 DETECTOR_NAMES = tuple(d.name for d in DETECTORS)
 _BY_NAME = {d.name: d for d in DETECTORS}
+FAMILY_NAMES = tuple(dict.fromkeys(d.family for d in DETECTORS))
 
 DETECT_SQL = """
-WITH run_steps AS (
-    SELECT *, row_number() OVER (PARTITION BY run_id, rank ORDER BY step) AS seq
-    FROM (SELECT run_id, rank, step, {aggregates} FROM steps
-          WHERE ($run_id::VARCHAR IS NULL OR run_id = $run_id) AND step > $after_step - $lookback
-          GROUP BY run_id, rank, step)
+WITH signals AS (
+    SELECT run_id, rank, step{signals} FROM steps
+    WHERE ($run_id::VARCHAR IS NULL OR run_id = $run_id)
+          AND step // $smooth_steps > ($after_step - $lookback) // $smooth_steps
 ),
-series AS (
-    SELECT *{series} FROM run_steps
-    WINDOW {series_windows}
+blocks AS (
+    SELECT run_id, rank, step // $smooth_steps AS block, max(step) AS step{series}
+    FROM signals GROUP BY run_id, rank, block
 ),
 detector_values AS (
-    SELECT run_id, rank, step, {values} FROM series
-    WINDOW {value_windows}
+    SELECT run_id, rank, step, {values} FROM blocks
+    WINDOW {history_window}
 ),
 fired AS (
     SELECT run_id, step, detector, value,
-           CASE WHEN value > severe THEN 'critical' ELSE 'warning' END AS severity,
-           CASE WHEN value > severe THEN severe ELSE warning END AS threshold, message
+           CASE WHEN value > critical THEN 'critical' ELSE 'warning' END AS severity,
+           CASE WHEN value > critical THEN critical ELSE warning END AS threshold, message
     FROM (UNPIVOT detector_values ON {names} INTO NAME detector VALUE value)
-    JOIN (VALUES {thresholds}) AS limits(detector, warning, severe, message) USING (detector)
+    JOIN (VALUES {thresholds}) AS limits(detector, warning, critical, message) USING (detector)
     WHERE value > warning AND NOT isnan(value) AND step > $after_step
 )
 SELECT run_id, step, detector, severity, value, threshold, printf(message, value, threshold) AS message
@@ -491,8 +524,9 @@ QUALIFY row_number() OVER (PARTITION BY run_id, step, detector
                            ORDER BY severity = 'critical' DESC, value DESC) = 1
 ORDER BY run_id, step, detector
 """
-"""All selected detectors in one pass. Rows of one (run, rank, step) are merged first (a trainer may
-log extra scalars of a step in a second row); ranks are merged last (the most severe firing wins).
+"""All selected detectors in one pass. Each rank's rows are averaged per block of ``smooth_steps`` steps
+(rows a trainer splits one step's scalars over are averaged with the rest); each block's firing is
+reported at its last logged step; ranks are merged last (the most severe firing wins).
 This template is the only place detector SQL is put together."""
 
 
@@ -513,6 +547,12 @@ def used_series(detectors: Sequence[Detector]) -> list[str]:
     return [name for name in SERIES if any(re.search(rf"\b{name}\b", d.value) for d in detectors)]
 
 
+def used_signals(detectors: Sequence[Detector]) -> list[str]:
+    """The ``SIGNALS`` the detectors and their series read."""
+    wanted = {s for d in detectors for s in d.signals} | {SERIES[name][0] for name in used_series(detectors)}
+    return [name for name in SIGNALS if name in wanted]
+
+
 def _quote(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
@@ -521,16 +561,14 @@ def detect_sql(detectors: Sequence[Detector] = DETECTORS) -> str:
     """The one query that runs ``detectors`` over a relation called ``steps``."""
     if not detectors:
         raise ValueError("no detectors selected")
-    columns = required_columns(detectors)
     return DETECT_SQL.format(
-        aggregates=", ".join(f"avg({c}) AS {c}" for c in columns),
-        series="".join(f", {SERIES[name]} AS {name}" for name in used_series(detectors)),
-        series_windows=SERIES_WINDOWS.strip(),
+        signals="".join(f", {SIGNALS[name].expression} AS {name}" for name in used_signals(detectors)),
+        series="".join(f", {SERIES[name][1]} AS {name}" for name in used_series(detectors)),
         values=", ".join(f"({d.value}) AS {d.name}" for d in detectors),
-        value_windows=VALUE_WINDOWS.strip(),
+        history_window=HISTORY_WINDOW.strip(),
         names=", ".join(d.name for d in detectors),
         thresholds=", ".join(
-            f"({_quote(d.name)}, ${d.warning_key}::DOUBLE, ${d.severe_key}::DOUBLE, {_quote(d.message)})"
+            f"({_quote(d.name)}, ${d.warning_key}::DOUBLE, ${d.critical_key}::DOUBLE, {_quote(d.message)})"
             for d in detectors
         ),
     )  # fmt: skip
@@ -544,19 +582,23 @@ def detect_params(
 ) -> dict[str, Any]:
     """The named parameters ``sql`` uses, from ``config`` (plus run filter and step range)."""
     values = config.to_dict()
-    values["run_id"] = run_id
-    if after_step is None:
-        values["after_step"] = -(2**62)
-        values["lookback"] = 0
-    else:
-        values["after_step"] = after_step
-        values["lookback"] = config.lookback_steps
+    values["history_blocks"] = max(1, config.history_steps // config.smooth_steps)
+    values["collapse_ma_blocks"] = max(1, config.collapse_ma_steps // config.smooth_steps)
+    values.update(_window_params(config, run_id, after_step))
     return {name: values[name] for name in sorted(set(_PARAMETER.findall(sql)))}
+
+
+def _window_params(config: DetectorConfig, run_id: str | None, after_step: int | None) -> dict[str, Any]:
+    """The run filter and the step range: every block after ``after_step`` (all when ``None``)."""
+    if after_step is None:
+        return {"run_id": run_id, "after_step": -(2**60), "lookback": 0}
+    return {"run_id": run_id, "after_step": after_step, "lookback": config.lookback_steps}
 
 
 def required_columns(detectors: Sequence[Detector] = DETECTORS) -> tuple[str, ...]:
     """``steps`` columns the detectors read (besides the keys ``run_id, rank, step``)."""
-    return tuple(sorted({c for d in detectors for c in d.columns}))
+    return tuple(sorted({c for d in detectors for c in d.columns} | {c for s in used_signals(detectors)
+                                                                      for c in SIGNALS[s].columns}))  # fmt: skip
 
 
 def with_columns(steps: pa.Table, columns: Iterable[str], run_id: str = "live") -> pa.Table:
@@ -580,26 +622,32 @@ def with_columns(steps: pa.Table, columns: Iterable[str], run_id: str = "live") 
 class ArrowDetector:
     """Runs a fixed set of detectors over Arrow tables of ``steps`` rows, on its own DuckDB connection.
 
-    Keeps the compiled SQL and the connection between calls (the live path). A call costs about
-    DuckDB's fixed per-query cost, barely more on a 512-row window than on 50 rows.
+    Keeps the compiled SQL, its parameters and the connection between calls (the live path). A call costs
+    about DuckDB's fixed per-query cost, barely more on a 512-row window than on 50 rows. With
+    ``optimize=False`` (what the CTN guard uses) DuckDB's query optimizer is off: on a window of a few
+    hundred rows planning costs more than it saves, and the answer is the same.
     """
 
     config: DetectorConfig = field(default_factory=DetectorConfig)
     detectors: tuple[Detector, ...] = DETECTORS
+    optimize: bool = True
 
     def __post_init__(self) -> None:
         self.sql = detect_sql(self.detectors)
         self.columns = required_columns(self.detectors)
+        self._params = detect_params(self.sql, self.config)
         self._con = duckdb.connect(config={"threads": 1})
+        if not self.optimize:
+            self._con.execute("PRAGMA disable_optimizer")
 
     def __call__(self, steps: pa.Table, run_id: str | None = None, after_step: int | None = None) -> pa.Table:
         if steps.num_rows == 0 or "step" not in steps.column_names:
             return ALERT_COLUMNS.empty_table()
-        self._con.register("steps", with_columns(steps, self.columns))
+        wanted = [c for c in ("run_id", "rank", "step", *self.columns) if c in steps.column_names]
+        self._con.register("steps", with_columns(steps.select(wanted), self.columns))
+        params = {**self._params, **_window_params(self.config, run_id, after_step)}
         try:
-            rows = self._con.execute(
-                self.sql, detect_params(self.sql, self.config, run_id, after_step)
-            ).fetchall()
+            rows = self._con.execute(self.sql, {k: params[k] for k in self._params}).fetchall()
             columns = list(zip(*rows, strict=True)) if rows else [()] * len(ALERT_COLUMNS)
             return pa.Table.from_arrays(
                 [pa.array(column, f.type) for column, f in zip(columns, ALERT_COLUMNS, strict=True)],

@@ -26,8 +26,9 @@ import pyarrow.compute as pc
 
 from sorl_monitor.detectors import ArrowDetector, DetectorConfig, get_detectors
 
-DEFAULT_TRIP_ON = ("clip_frac_level", "turn_ratio_tail", "token_ratio_p99", "token_ratio_max", "kl_spike")
-"""Detectors of importance-ratio drift: what CTN (λ · clip fraction · KL) counteracts."""
+DEFAULT_TRIP_ON = ("clip_rise", "turn_clip_rise", "kl_rise", "ratio_tail_rise")
+"""Detectors of importance-ratio drift (the ``ratio`` and behaviour-KL signals): what CTN (λ · clip fraction ·
+KL) counteracts."""
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ class CtnGuard:
         self.trip_on = tuple(trip_on)
         self.quiet_updates = quiet_updates
         self.min_severity = min_severity
-        self._detector = ArrowDetector(self.config, get_detectors(self.trip_on))
+        self._detector = ArrowDetector(self.config, get_detectors(self.trip_on), optimize=False)
         self.active = False
         self._last_seen: int | None = None
         self._last_fired: int | None = None

@@ -1,4 +1,4 @@
-"""Stability metrics of one RL update: pure, batched, masked torch functions (DESIGN §2).
+"""Stability metrics of one RL update: pure, batched, masked torch functions (docs/schema.md).
 
 Shapes: ``B`` sequences (episodes) of ``T`` tokens. ``mask`` is 1 on policy-generated tokens (the
 tokens the loss trains), 0 on prompt, observation and padding tokens. ``turn_ids`` holds each token's
@@ -329,7 +329,7 @@ def update_metrics(
     clip_eps_high: float | None = None,
     max_turn_rows: int = 64,
 ) -> UpdateMetrics:
-    """Every DESIGN §2 metric of one update, as 0-d tensors (``scalars``) and per-turn columns (``turns``).
+    """Every metric of docs/schema.md for one update, as 0-d tensors (``scalars``) and per-turn columns (``turns``).
 
     ``advantages``, ``values``, ``returns`` may be per token ``(B, T)`` or per sequence ``(B,)``;
     ``rewards`` is per episode ``(B,)`` or per token ``(B, T)`` (summed per row). ``turns`` holds the

@@ -1,4 +1,4 @@
-"""DuckDB query layer: views ``runs, steps, turns, modules, alerts`` over one or many runs (DESIGN §4).
+"""DuckDB query layer: views ``runs, steps, turns, modules, alerts`` over one or many runs (docs/detectors.md, docs/logs.md).
 
     runs = open_runs("runs/")                   # a log dir, a run dir, or a list of them
     runs = open_runs("trainer_state.json")      # or another tool's log (sorl_monitor.logs), format detected

@@ -35,28 +35,33 @@ FIGURES_PER_RUN = 4
 CURVE_ROWS = (
     ("reward_mean", "reward", False),
     ("clip_frac", "clip fraction", False),
-    ("kl_old_k3", "KL(old) k3", True),
+    ("kl_old", "KL to the behaviour policy", True),
     ("grad_norm", "grad norm", True),
     ("entropy", "entropy", False),
     ("ratio_max", "token ratio max", True),
+    ("response_len", "response length", False),
 )
 """The curve panels: steps column, title, log scale."""
 
-DETECTOR_PANEL = {
-    "clip_frac_level": "clip_frac", "clip_frac_trend": "clip_frac", "turn_ratio_tail": "clip_frac",
-    "kl_spike": "kl_old_k3", "grad_norm_spike": "grad_norm",
-    "entropy_collapse": "entropy", "entropy_rise": "entropy",
-    "echo_trap": "reward_mean", "reward_std_collapse": "reward_mean", "reward_drop": "reward_mean",
-    "nonfinite": "reward_mean",
-    "token_ratio_p99": "ratio_max", "token_ratio_max": "ratio_max", "turn_ratio_max": "ratio_max",
+DETECTOR_PANEL: dict[str, tuple[str, ...]] = {
+    "clip_rise": ("clip_frac",), "turn_clip_rise": ("clip_frac",),
+    "kl_rise": ("kl_old", "kl_old_k3"), "kl_ref_rise": ("kl_old", "kl_ref_k3"),
+    "ratio_tail_rise": ("ratio_max",), "grad_norm_spike": ("grad_norm",),
+    "entropy_collapse": ("entropy",), "entropy_rise": ("entropy",),
+    "echo_trap": ("reward_mean",), "reward_std_collapse": ("reward_mean",), "reward_drop": ("reward_mean",),
+    "nonfinite": ("reward_mean",), "length_rise": ("response_len", "response_len_mean"),
+    "truncation_rise": ("response_len", "response_len_mean"),
 }  # fmt: skip
-"""Which panel shows each detector's markers."""
+"""Which panel shows each detector's markers: the one plotting any of these columns (the report's curves
+name the KL and length signals ``kl_old`` and ``response_len``; the dashboard's panels plot the columns)."""
 
 CURVES_SQL = """
 SELECT (step // $width) * $width AS step,
-       avg(reward_mean) AS reward_mean, avg(clip_frac) AS clip_frac, avg(clip_frac_turn) AS clip_frac_turn,
+       avg(reward_mean) AS reward_mean, avg(coalesce(clip_frac, clip_frac_active)) AS clip_frac,
+       avg(clip_frac_turn) AS clip_frac_turn,
        avg(clip_frac_low) AS clip_frac_low, avg(clip_frac_high) AS clip_frac_high,
-       max(kl_old_k3) AS kl_old_k3, max(grad_norm) AS grad_norm, avg(entropy) AS entropy,
+       max(coalesce(kl_old_k3, kl_old_k2, kl_old, abs(kl_old_k1))) AS kl_old, max(grad_norm) AS grad_norm,
+       avg(entropy) AS entropy, avg(coalesce(response_len_mean, completion_len_mean)) AS response_len,
        max(ratio_max) AS ratio_max, max(ratio_p99) AS ratio_p99, max(turn_ratio_max) AS turn_ratio_max,
        bool_or(ctn_active) AS ctn_active
 FROM steps WHERE run_id = $run_id GROUP BY 1 ORDER BY 1
@@ -162,18 +167,23 @@ def logged_steps(runs: RunSet, run_id: str) -> list[int]:
     return runs.sql(sql, {"run_id": run_id}).column("step").to_pylist()
 
 
-def alert_onsets(alerts: list[dict[str, Any]], steps: list[int]) -> list[dict[str, Any]]:
+def alert_onsets(
+    alerts: list[dict[str, Any]], steps: list[int], block_steps: int = 1
+) -> list[dict[str, Any]]:
     """The first alert of each streak of one detector (and each escalation to critical).
 
-    A streak is a run of consecutive logged updates (``steps``, the run's logged steps in order).
+    A streak is a run of consecutive logged blocks: detectors judge blocks of ``block_steps`` steps
+    (``DetectorConfig.smooth_steps``), and ``steps`` are the run's logged steps.
     """
-    position = {step: i for i, step in enumerate(steps)}
+    position = {block: i for i, block in enumerate(sorted({step // block_steps for step in steps}))}
     onsets, last = [], {}
     for row in sorted(alerts, key=lambda r: (r["step"], r["detector"])):
         previous = last.get(row["detector"])
         if (
             previous is None
-            or position.get(row["step"], -1) - position.get(previous["step"], -2) != 1
+            or position.get(row["step"] // block_steps, -1)
+            - position.get(previous["step"] // block_steps, -2)
+            != 1
             or (row["severity"] == "critical" and previous["severity"] != "critical")
         ):
             onsets.append(row)
@@ -201,7 +211,9 @@ def curves_figure(
     for severity, color in (("warning", "orange"), ("critical", "red")):
         for row, (column, _, _) in enumerate(CURVE_ROWS, start=1):
             marks = [
-                a for a in onsets if a["severity"] == severity and DETECTOR_PANEL.get(a["detector"]) == column
+                a
+                for a in onsets
+                if a["severity"] == severity and column in DETECTOR_PANEL.get(a["detector"], ())
             ]
             if not marks:
                 continue
@@ -308,7 +320,9 @@ def run_figures(
     cells = _columns(runs.sql(HEATMAP_SQL, {**params, "max_turns": max_turns}))
     modules = _columns(runs.sql(MODULES_SQL, params))
     actions = [(r["step"], r["detector"]) for r in runs.sql(ACTIONS_SQL, {"run_id": run_id}).to_pylist()]
-    onsets = alert_onsets(detect(runs, config, run_id).to_pylist(), logged_steps(runs, run_id))
+    onsets = alert_onsets(
+        detect(runs, config, run_id).to_pylist(), logged_steps(runs, run_id), config.smooth_steps
+    )
     spans = ctn_spans(curves["step"], curves["ctn_active"], actions)
     return RunFigures(
         run_id,
@@ -344,9 +358,16 @@ def _fmt(value: Any) -> str:
 def verdict_html(verdict: Verdict) -> str:
     """The verdict as a small HTML block: timeline, root cause, remedy, top alerts."""
     collapse = (
-        f"step {verdict.collapse_step} ({verdict.collapse_reason})" if verdict.collapsed else "no collapse"
+        f"step {verdict.collapse_step} ({verdict.collapse_reason})" if verdict.collapsed else "none: healthy"
     )
-    lead = f"{verdict.lead_time} updates" if verdict.lead_time is not None else "—"
+    lead = f"{verdict.lead_time} steps" if verdict.lead_time is not None else "—"
+    cause = (
+        f"<tr><th>root cause</th><td><b>{html.escape(verdict.root_cause)}</b>: {html.escape(verdict.explanation)}</td></tr>"
+        f"<tr><th>remedy</th><td>{html.escape(verdict.remedy)}</td></tr>"
+        if verdict.collapsed
+        else ""
+    )
+    notes = "".join(f"<tr><th>note</th><td>{html.escape(note)}</td></tr>" for note in verdict.notes)
     rows = "".join(
         f"<tr><td>{html.escape(a['detector'])}</td><td class='{a['severity']}'>{a['severity']}</td>"
         f"<td>{a['first_step']}</td><td>{_fmt(a['first_critical_step'])}</td><td>{a['count']}</td>"
@@ -363,8 +384,7 @@ def verdict_html(verdict: Verdict) -> str:
         f"<tr><th>first critical</th><td>{_fmt(verdict.first_critical)}</td></tr>"
         f"<tr><th>collapse</th><td>{html.escape(collapse)}</td></tr>"
         f"<tr><th>lead time</th><td>{lead}</td></tr>"
-        f"<tr><th>root cause</th><td><b>{html.escape(verdict.root_cause)}</b>: {html.escape(verdict.explanation)}</td></tr>"
-        f"<tr><th>remedy</th><td>{html.escape(verdict.remedy)}</td></tr></table>"
+        f"{cause}{notes}</table>"
         f"<details><summary>evidence</summary><p class='evidence'>{evidence}</p></details>"
         f"<table class='alerts'><tr><th>detector</th><th>severity</th><th>first step</th>"
         f"<th>first critical</th><th>count</th><th>strongest firing</th></tr>{rows}</table>"

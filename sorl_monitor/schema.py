@@ -1,4 +1,4 @@
-"""The Parquet tables a run writes, their Arrow schemas and the schema version (DESIGN §3, docs/schema.md).
+"""The Parquet tables a run writes, their Arrow schemas and the schema version (docs/schema.md).
 
 ``<log_dir>/<run_id>/run.json`` plus one folder per table, ``<table>/rank=R/part-NNNNNN.parquet``.
 Every row carries the keys ``run_id, rank, step, iteration, ppo_epoch, minibatch, policy_lag,

@@ -45,15 +45,28 @@ OVERVIEW_PANELS = (
         "clip fraction",
         (
             ("clip_frac", "token"),
+            ("clip_frac_active", "token, where the clip binds"),
             ("clip_frac_turn", "turn"),
             ("clip_frac_low", "token low (r<1−ε)"),
             ("clip_frac_high", "token high (r>1+ε)"),
         ),
     ),
-    Panel("KL (k3)", (("kl_old_k3", "KL(π_old‖π)"), ("kl_ref_k3", "KL vs reference")), log_y=True),
+    Panel(
+        "KL",
+        (
+            ("kl_old_k3", "KL(π_old‖π), k3"),
+            ("kl_old", "KL to π_old, the trainer's estimator"),
+            ("kl_ref_k3", "KL vs reference, k3"),
+            ("kl_ref", "KL vs reference, the trainer's estimator"),
+        ),
+        log_y=True,
+    ),
     Panel("grad norm", (("grad_norm", "pre-clip"), ("grad_norm_clipped", "after clipping")), log_y=True),
     Panel("entropy", (("entropy", "entropy"),)),
-    Panel("response length", (("response_len_mean", "mean tokens"),)),
+    Panel(
+        "response length",
+        (("response_len_mean", "mean tokens"), ("completion_len_mean", "completion tokens")),
+    ),
     Panel("IS ratio max", (("ratio_max", "token r_t"), ("turn_ratio_max", "turn w̄_k")), log_y=True),
 )
 """The overview's rows, top to bottom; a row none of whose columns were logged is left out."""
@@ -87,9 +100,9 @@ def logged_panels(runs: Sequence[RunCurves], panels: Sequence[Panel] = OVERVIEW_
 
 def _panel_of(detector: str, panels: Sequence[Panel]) -> int:
     """Row (0-based) that shows ``detector``'s markers: the panel of its metric, else the first."""
-    column = DETECTOR_PANEL.get(detector)
+    columns = DETECTOR_PANEL.get(detector, ())
     for row, panel in enumerate(panels):
-        if any(name == column for name, _ in panel.series):
+        if any(name in columns for name, _ in panel.series):
             return row
     return 0
 

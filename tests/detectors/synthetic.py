@@ -40,6 +40,14 @@ def firing_level(detector: str, config: DetectorConfig | None = None) -> float:
     return critical if math.isfinite(critical) else getattr(config, found.warning_key)
 
 
+def firing_severity(detector: str, config: DetectorConfig | None = None) -> str:
+    """The severity a pattern reaches: ``critical`` where the detector has a finite critical threshold."""
+    config = config or defaults()
+    return (
+        "critical" if math.isfinite(getattr(config, get_detectors([detector])[0].critical_key)) else "warning"
+    )
+
+
 def stable_rows(n: int = 400, seed: int = 0, run_id: str = "synthetic-stable") -> list[dict]:
     """A noisy-but-stable run: clip fraction and truncation at their floors, KL half its floor, small ratio
     tails, slowly falling entropy, steady lengths, and a steadily rising reward."""
