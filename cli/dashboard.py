@@ -19,7 +19,7 @@ import typer
 import dashboard
 from cli.common import LogFormatOption, err_console, fail, user_errors
 from dashboard.common import CONFIG_ENV, FORMAT_ENV, LOG_DIR_ENV, OVERRIDES_ENV, REFRESH_ENV
-from sorl_monitor.detectors import load_config, preset_path
+from sorl_monitor.detectors import load_config
 from sorl_monitor.logs import FORMATS, detect_format
 
 APP = Path(dashboard.__file__).resolve().parent / "app.py"
@@ -72,9 +72,7 @@ def dashboard_command(
     ] = 2.0,
     config: Annotated[
         Path | None,
-        typer.Option(
-            "--config", help="TOML file of detector settings or a preset name (as for sorl postmortem)."
-        ),
+        typer.Option("--config", help="TOML file of detector settings (as for sorl postmortem)."),
     ] = None,
     set_: Annotated[
         list[str] | None,
@@ -108,9 +106,7 @@ def dashboard_command(
         "PYTHONPATH": os.pathsep.join(filter(None, [str(APP.parents[1]), os.environ.get("PYTHONPATH")])),
     }
     if config is not None:
-        env[CONFIG_ENV] = str(
-            config.resolve() if config.exists() else (preset_path(str(config)) or config.resolve())
-        )
+        env[CONFIG_ENV] = str(config.resolve())
     if set_:
         env[OVERRIDES_ENV] = "\n".join(set_)
     if fmt is not None:

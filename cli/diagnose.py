@@ -22,7 +22,7 @@ from sorl_monitor.query import RunSet
 from sorl_monitor.report import alert_onsets, logged_steps, write_report
 
 EXIT_HEALTHY = 0
-"""``sorl postmortem``: no collapse labelled (alerts may still be listed)."""
+"""``sorl postmortem``: healthy, no collapse labelled (alerts may still be listed as notes)."""
 EXIT_COLLAPSE = 3
 """``sorl postmortem``: the run collapsed."""
 
@@ -32,7 +32,7 @@ ConfigOption = Annotated[
     Path | None,
     typer.Option(
         "--config",
-        help="TOML file of detector settings (top level or a \\[detectors] table), or a preset name: stale-rollouts.",
+        help="TOML file of detector settings (top level or a \\[detectors] table).",
     ),
 ]
 SetOption = Annotated[
@@ -64,32 +64,57 @@ def _or_dash(value: Any) -> str:
     return "—" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+KEY_EVIDENCE = (
+    "reward_peak", "reward_at_collapse", "deepest_dip", "token_clip_frac", "turn_clip_frac", "clip_frac_growth",
+    "kl_old_max", "token_ratio_p99", "turn_ratio_p99", "tail_width_ratio", "grad_norm_max", "entropy_growth",
+    "length_growth", "truncated_share_max", "max_policy_lag", "ctn_on_share", "ctn_switches",
+)  # fmt: skip
+"""Evidence worth a line in the human-readable verdict (``--json`` has all of it)."""
+
+
 def print_verdict(verdict: Verdict) -> None:
-    """The human-readable post-mortem."""
-    console.print(
-        f"[bold]run {verdict.run_id}[/] ({verdict.algorithm or 'unknown algorithm'}, {verdict.updates} updates)"
-    )
+    """The human-readable post-mortem: status, timeline, (for a collapse) cause and remedy, notes, inputs."""
+    rows = "row" if verdict.updates == 1 else "rows"
+    console.print(f"[bold]run {verdict.run_id}[/] ({verdict.algorithm or 'algorithm not recorded'}, "
+                  f"{verdict.updates} {rows} logged, last step {_or_dash(verdict.last_step)})", highlight=False)  # fmt: skip
+    if verdict.collapsed:
+        reason = (
+            "non-finite loss" if verdict.collapse_reason == "nonfinite_loss" else "reward below half its peak"
+        )
+        console.print(f"  status          [bold red]collapsed at step {verdict.collapse_step}[/] ({reason})")
+    else:
+        console.print("  status          [green]healthy[/] (no collapse)")
     console.print(f"  first warning   {_or_dash(verdict.first_warning)}")
     console.print(f"  first critical  {_or_dash(verdict.first_critical)}")
     if verdict.collapsed:
-        console.print(
-            f"  collapse        [bold red]step {verdict.collapse_step}[/] ({verdict.collapse_reason})"
-        )
-        lead = "no critical alert before it" if verdict.lead_time is None else f"{verdict.lead_time} updates"
+        lead = "no critical alert before it" if verdict.lead_time is None else f"{verdict.lead_time} steps"
         console.print(f"  lead time       {lead}")
-    else:
-        console.print("  collapse        [green]no collapse[/]")
-    console.print(f"[bold]root cause[/]: {verdict.root_cause}: {verdict.explanation}", highlight=False)
-    evidence = ", ".join(f"{k}={_or_dash(v)}" for k, v in verdict.evidence.items() if v is not None)
-    console.print(f"  evidence: {evidence}", highlight=False)
-    console.print(f"[bold]remedy[/]: {verdict.remedy}", highlight=False)
+        console.print(f"[bold]root cause[/]: {verdict.root_cause}: {verdict.explanation}", highlight=False)
+        evidence = ", ".join(
+            f"{k}={_or_dash(verdict.evidence.get(k))}"
+            for k in KEY_EVIDENCE
+            if verdict.evidence.get(k) is not None
+        )
+        console.print(f"  evidence: {evidence}", highlight=False)
+        console.print(f"[bold]remedy[/]: {verdict.remedy}", highlight=False)
+    for note in verdict.notes:
+        console.print(f"  note: {note}", highlight=False)
+    have = [f"{family} ({', '.join(columns)})" for family, columns in verdict.inputs.items() if columns]
+    console.print(f"  inputs: {'; '.join(have) or 'none'}", highlight=False)
+    blind = [family for family, columns in verdict.inputs.items() if not columns]
+    if blind:
+        console.print(f"  no input at all for the {', '.join(blind)} detectors", highlight=False)
+    if verdict.not_evaluated:
+        console.print(f"  not evaluated (no input): {', '.join(verdict.not_evaluated)}", highlight=False)
     if verdict.top_alerts:
-        rows = [
-            {"detector": a["detector"], "severity": a["severity"], "first": a["first_step"],
-             "first critical": a["first_critical_step"], "count": a["count"], "strongest": a["message"]}
-            for a in verdict.top_alerts
-        ]  # fmt: skip
-        print_table(pa.Table.from_pylist(rows), title="top alerts")
+        console.print("[bold]alerts[/] (detector, first step, first critical step, firings, strongest):")
+        for a in verdict.top_alerts:
+            color = "red" if a["severity"] == "critical" else "yellow"
+            console.print(
+                f"  [{color}]{a['detector']:<19}[/] {a['first_step']:>7} {_or_dash(a['first_critical_step']):>7} "
+                f"{a['count']:>6}  {a['message']}",
+                highlight=False,
+            )
 
 
 @user_errors
@@ -101,9 +126,9 @@ def postmortem(
     set_: SetOption = None,
     fmt: LogFormatOption = None,
 ) -> None:
-    """Timeline, collapse, lead time, root cause and remedy of one run.
+    """Timeline, collapse, lead time, and for a collapse its root cause and remedy, of one run or log.
 
-    Exit status: 0 no collapse, 3 collapse found, 2 user error.
+    Exit status: 0 healthy, 3 collapse found, 2 user error.
     """
     config = _config(config_file, set_)
     with open_or_fail(run, fmt) as run_set:
@@ -226,7 +251,7 @@ def watch(
                 ).to_pylist()
                 events = [
                     (r["step"], r["detector"], r["severity"], _alert_line(r))
-                    for r in alert_onsets(alerts, logged_steps(run_set, run_id))
+                    for r in alert_onsets(alerts, logged_steps(run_set, run_id), config.smooth_steps)
                 ]
                 events += [
                     (

@@ -20,15 +20,6 @@ from cli.common import console, fail, user_errors
 ALGO_HELP = "ppo | turn_ppo | s_ppo | so_ppo (= st_ppo) | grpo | so_grpo"
 
 
-def detector_settings(staleness: int):
-    """The post-mortem's detector settings for a trainer run: the ``stale-rollouts`` preset when rollouts are stale."""
-    from sorl_monitor.detectors import DetectorConfig, load_config
-
-    return (
-        (load_config("stale-rollouts"), "stale-rollouts") if staleness > 0 else (DetectorConfig(), "default")
-    )
-
-
 def _live_fields(fields: dict) -> str:
     """The progress bar's live text for one rollout iteration (empty during the warm start)."""
     if not fields:
@@ -129,9 +120,8 @@ def train_command(
         )
     for step, _on, reason in result.ctn_switches:
         console.print(f"  update {step}: {reason}", highlight=False)
-    settings, preset = detector_settings(cfg.staleness)
     with open_runs(result.run_dir) as runs:
-        verdict = postmortem(runs, result.run_id, settings)
+        verdict = postmortem(runs, result.run_id)
     state = (
         "[red]collapsed[/] at update " + str(verdict.collapse_step)
         if verdict.collapsed
@@ -139,9 +129,11 @@ def train_command(
     )
     console.print(
         f"{result.run_id}: {result.status}, {state}; reward peak {result.peak_reward:.2f}, "
-        f"final {result.final_reward:.2f}; root cause {verdict.root_cause} ({result.seconds:.0f} s)"
+        f"final {result.final_reward:.2f}"
+        + (f"; root cause {verdict.root_cause}" if verdict.collapsed else "")
+        + f" ({result.seconds:.0f} s)"
     )
-    console.print(f"  details: sorl postmortem {result.run_dir} --config {preset}", highlight=False)
+    console.print(f"  details: sorl postmortem {result.run_dir}", highlight=False)
     raise typer.Exit(3 if verdict.collapsed else 0)
 
 
@@ -221,32 +213,31 @@ def demo_command(
     for name in DEMO_RUNS:
         for step, _, reason in results[name]["switches"][:3]:
             console.print(f"{name}, update {step}: {reason}", highlight=False)
-    settings, preset = detector_settings(cfg.staleness)
-    table = Table(title=f"Post-mortems (detector settings: {preset})")
+    table = Table(title="Post-mortems")
     for column in ("run", "peak", "final", "collapse", "alarm", "lead", "CTN on", "root cause"):
         table.add_column(column, no_wrap=column in ("run", "collapse"))
     remedies = {}
     for name in DEMO_RUNS:
         result = results[name]
         with open_runs(result["run_dir"]) as runs:
-            verdict = postmortem(runs, result["run_id"], settings)
+            verdict = postmortem(runs, result["run_id"])
             share = runs.sql(
                 "SELECT avg(CASE WHEN ctn_active THEN 1.0 ELSE 0.0 END) AS s FROM steps"
             ).to_pylist()
         collapse = f"at {verdict.collapse_step}" if verdict.collapsed else "no"
         table.add_row(name, _fmt(result["peak"]), _fmt(result["final"]), collapse, _fmt(verdict.first_critical),
-                      _fmt(verdict.lead_time), f"{share[0]['s']:.0%}", verdict.root_cause)  # fmt: skip
+                      _fmt(verdict.lead_time), f"{share[0]['s']:.0%}", verdict.root_cause or "—")  # fmt: skip
         remedies[name] = verdict.remedy
     console.print(table)
     console.print("(reward per rollout batch; final = mean of the last 5; steps are updates; alarm = first critical alert. "
                   "Collapse = the label: "
-                  "reward moving average below half its peak for 64+ updates, even if it recovers later.)",
+                  "reward moving average below half its peak for 64+ steps.)",
                   highlight=False)  # fmt: skip
-    console.print(f"Remedy suggested for token-ppo: {remedies['token-ppo']}", highlight=False)
+    if remedies["token-ppo"]:
+        console.print(f"Remedy suggested for token-ppo: {remedies['token-ppo']}", highlight=False)
     console.print("One seed is one outcome: benchmarks/collapse_sweep.py measures rates over seeds (README, "
                   "'Bundled trainer').", highlight=False)  # fmt: skip
-    config_flag = f" --config {preset}" if preset != "default" else ""
-    console.print(f"\nPer run:             .venv/bin/sorl postmortem {log_dir}/token-ppo{config_flag}\n"
-                  f"Open the dashboard:  .venv/bin/sorl dashboard {log_dir}{config_flag}   (then http://127.0.0.1:8501)\n"
-                  f"HTML report:         .venv/bin/sorl report {log_dir} --html {log_dir}/report.html{config_flag}",
+    console.print(f"\nPer run:             .venv/bin/sorl postmortem {log_dir}/token-ppo\n"
+                  f"Open the dashboard:  .venv/bin/sorl dashboard {log_dir}   (then http://127.0.0.1:8501)\n"
+                  f"HTML report:         .venv/bin/sorl report {log_dir} --html {log_dir}/report.html",
                   highlight=False)  # fmt: skip

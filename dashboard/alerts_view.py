@@ -79,13 +79,19 @@ def show_verdict(verdict: Verdict) -> None:
     columns[0].metric("collapse", collapse)
     columns[1].metric("first warning", _step(verdict.first_warning))
     columns[2].metric("first critical", _step(verdict.first_critical))
-    columns[3].metric("lead time", "—" if verdict.lead_time is None else f"{verdict.lead_time} updates")
-    color = "red" if verdict.collapsed else "orange" if verdict.root_cause != "none" else "green"
+    columns[3].metric("lead time", "—" if verdict.lead_time is None else f"{verdict.lead_time} steps")
     with st.container(border=True):
-        st.markdown(
-            f":{color}[**Root cause: {verdict.root_cause.replace('_', ' ')}**] — {verdict.explanation}"
-        )
-    st.markdown(f"**Remedy:** {verdict.remedy}")
+        if verdict.collapsed:
+            st.markdown(
+                f":red[**Root cause: {verdict.root_cause.replace('_', ' ')}**] — {verdict.explanation}"
+            )
+            st.markdown(f"**Remedy:** {verdict.remedy}")
+        else:
+            st.markdown(":green[**Healthy**]: the reward never fell below half its running peak for good.")
+        for note in verdict.notes:
+            st.markdown(f"- {note}")
+    if verdict.not_evaluated:
+        st.caption(f"Not evaluated (the run logs no input for them): {', '.join(verdict.not_evaluated)}")
     if verdict.top_alerts:
         st.markdown("**Detectors that fired** (most urgent first)")
         st.dataframe(verdict.top_alerts, hide_index=True, key="verdict-alerts")

@@ -1,29 +1,31 @@
-"""Post-mortem of one run: collapse label, alert timeline, lead time, root cause with evidence, remedy.
+"""Post-mortem of one run: collapse label, alert timeline, lead time, and for a collapse its root cause and remedy.
 
     verdict = postmortem(open_runs("runs/"), "my-run")
-    verdict.collapse_step, verdict.lead_time, verdict.root_cause, verdict.remedy
+    verdict.status, verdict.collapse_step, verdict.lead_time, verdict.root_cause, verdict.remedy
 
-Collapse label (for evaluation, separate from alerts): the reward moving average (``collapse_ma_steps``
-updates) falls below ``collapse_fraction`` of its running peak and does not come back within
-``collapse_recovery_steps`` updates (at least ``collapse_ma_steps`` updates must follow the drop: a dip
-in a run's last updates is not yet a collapse), or the loss becomes non-finite. Lead time = collapse step − first
-critical alert step (negative: the alarm came late).
+Collapse label (for evaluation, separate from alerts; windows in optimizer steps): the reward moving
+average over ``collapse_ma_steps`` steps falls below ``collapse_fraction`` of its running peak and is
+not back within ``collapse_recovery_steps`` steps — or the log ends below it at least
+``collapse_min_tail_steps`` steps after the drop ("the log ends collapsed") — or the loss turns
+non-finite. Lead time = collapse step − the first critical alert at or before it, in steps.
 
-Root cause, from the alerts up to the collapse (or the run's end) and evidence over the last
-``root_cause_steps`` updates before it (``steps`` and the per-turn ``turns`` rows):
+A run that did not collapse is ``healthy``: no root cause, no remedy; what the detectors saw is listed
+as notes. For a collapse, the root cause comes from which detector family fired first up to the
+collapse, and evidence over the ``root_cause_steps`` steps before it (``steps`` and ``turns`` rows):
 
-* ``echo_trap`` — reward variance collapses (``echo_trap`` / ``reward_std_collapse``) before any
-  ratio alert and before any grad-norm spike;
+* ``echo_trap`` — reward variance died (``echo_trap`` / ``reward_std_collapse``) before any ratio, KL,
+  entropy or gradient alert;
+* ``entropy_blowup`` — entropy exploded (``entropy_rise``) before any ratio or KL alert: the policy turned
+  random, with degenerate generations when completions grew or ran to the length limit;
 * ``granularity_mismatch`` — token-level IS in a multi-turn run whose token-ratio tails are far
   wider than its turn ratios (token clip fraction ≥ ``mismatch_clip_ratio`` × turn clip fraction, or
   log-p99 tails ≥ ``mismatch_tail_ratio`` × as wide);
 * ``off_policy_variance`` — clip fraction grows with the policy lag (the rollout's reuse) by at least
   ``off_policy_min_slope`` per update of lag, and ``off_policy_growth`` × as fast as at the run's start;
   or, with rollouts at least ``off_policy_min_lag`` updates old, the clip fraction has grown to
-  ``off_policy_clip_growth`` × its level over the run's first ``root_cause_steps`` updates (drift that
-  accumulates across stale rollout batches rather than within one);
-* ``optimisation_blowup`` — grad-norm spikes, non-finite values, or ratio alerts with none of the above;
-* ``unexplained`` — a collapse with no alert; ``none`` — a healthy run without critical alerts.
+  ``off_policy_clip_growth`` × its level over the run's first ``root_cause_steps`` steps;
+* ``optimisation_blowup`` — grad-norm spikes, non-finite values, or ratio / KL alerts with none of the above;
+* ``unexplained`` — a collapse no detector saw; the verdict names the inputs the run lacked.
 """
 
 from __future__ import annotations
@@ -35,74 +37,90 @@ from typing import Any
 
 import pyarrow as pa
 
-from sorl_monitor.detectors import DetectorConfig, detect_params, detect_sql
+from sorl_monitor.detectors import DETECTORS, SIGNALS, DetectorConfig, detect_params, detect_sql
 from sorl_monitor.query import QueryError, RunSet
 
 COLLAPSE_SQL = """
-WITH per_step AS (
-    SELECT run_id, step,
-           avg(reward_mean) FILTER (WHERE isfinite(reward_mean)) AS reward,
-           avg(coalesce(loss, pg_loss)) AS loss
+WITH blocks AS (
+    SELECT run_id, step // $smooth_steps AS block, max(step) AS step, count(*) AS rows_logged,
+           avg(reward_mean) FILTER (WHERE isfinite(reward_mean)) AS reward
     FROM steps WHERE $run_id::VARCHAR IS NULL OR run_id = $run_id
-    GROUP BY run_id, step
+    GROUP BY run_id, block
 ),
 smoothed AS (
-    SELECT run_id, step, loss,
-           avg(reward) OVER (PARTITION BY run_id ORDER BY step
-                             ROWS BETWEEN $collapse_ma_steps - 1 PRECEDING AND CURRENT ROW) AS reward_ma
-    FROM per_step
+    SELECT run_id, block, step, rows_logged,
+           avg(reward) OVER (PARTITION BY run_id ORDER BY block
+                             RANGE BETWEEN $collapse_ma_blocks - 1 PRECEDING AND CURRENT ROW) AS reward_ma
+    FROM blocks
 ),
 peaked AS (
-    SELECT *, max(reward_ma) OVER (PARTITION BY run_id ORDER BY step ROWS UNBOUNDED PRECEDING) AS peak
+    SELECT *, max(reward_ma) OVER (PARTITION BY run_id ORDER BY block ROWS UNBOUNDED PRECEDING) AS peak
     FROM smoothed
 ),
 flagged AS (
     SELECT *, peak > $collapse_min_peak AND reward_ma < $collapse_fraction * peak AS below FROM peaked
 ),
 held AS (
-    SELECT *, coalesce(bool_or(NOT below) OVER (PARTITION BY run_id ORDER BY step
-                       ROWS BETWEEN 1 FOLLOWING AND $collapse_recovery_steps FOLLOWING), false) AS recovers,
-              count(*) OVER (PARTITION BY run_id ORDER BY step
-                       ROWS BETWEEN 1 FOLLOWING AND $collapse_recovery_steps FOLLOWING) AS seen_after
+    SELECT *, coalesce(bool_or(NOT below) OVER after_drop, false) AS recovers,
+              max(step) OVER (PARTITION BY run_id) AS last_step
     FROM flagged
+    WINDOW after_drop AS (PARTITION BY run_id ORDER BY step
+                          RANGE BETWEEN CURRENT ROW AND $collapse_recovery_steps FOLLOWING EXCLUDE CURRENT ROW)
 ),
 reward_collapse AS (
-    SELECT run_id, min(step) AS step, arg_min(peak, step) AS peak, arg_min(reward_ma, step) AS reward_ma
-    FROM held WHERE below AND NOT recovers AND seen_after >= least($collapse_ma_steps, $collapse_recovery_steps)
+    SELECT run_id, min(step) AS step, arg_min(peak, step) AS peak, arg_min(reward_ma, step) AS reward_ma,
+           arg_min(step + $collapse_recovery_steps > last_step, step) AS at_log_end
+    FROM held
+    WHERE below AND NOT recovers
+          AND (step + $collapse_recovery_steps <= last_step OR last_step - step >= $collapse_min_tail_steps)
     GROUP BY run_id
 ),
 nonfinite_loss AS (
-    SELECT run_id, min(step) AS step FROM per_step
-    WHERE loss IS NOT NULL AND NOT isfinite(loss) GROUP BY run_id
+    SELECT run_id, min(step) AS step FROM steps
+    WHERE ($run_id::VARCHAR IS NULL OR run_id = $run_id) AND NOT isfinite(coalesce(loss, pg_loss))
+    GROUP BY run_id
 ),
 deepest_dip AS (
     SELECT run_id, min(reward_ma / peak) AS deepest_dip, arg_min(step, reward_ma / peak) AS deepest_dip_step
     FROM peaked WHERE peak > $collapse_min_peak AND peak > 0 GROUP BY run_id
 ),
-runs_seen AS (SELECT run_id, max(step) AS last_step, count(*) AS updates FROM per_step GROUP BY run_id)
-SELECT s.run_id, s.updates, s.last_step,
+runs_seen AS (
+    SELECT run_id, max(step) AS last_step, sum(rows_logged)::BIGINT AS updates,
+           coalesce(arg_max(below, step), false) AS ends_below
+    FROM flagged GROUP BY run_id
+)
+SELECT s.run_id, s.updates, s.last_step, s.ends_below,
        least(r.step, n.step) AS collapse_step,
        CASE WHEN n.step IS NOT NULL AND (r.step IS NULL OR n.step <= r.step) THEN 'nonfinite_loss'
             WHEN r.step IS NOT NULL THEN 'reward_below_peak' END AS collapse_reason,
+       coalesce(r.at_log_end AND (n.step IS NULL OR r.step < n.step), false) AS ends_collapsed,
        r.peak AS reward_peak, r.reward_ma AS reward_at_collapse,
        d.deepest_dip, d.deepest_dip_step
 FROM runs_seen s LEFT JOIN reward_collapse r USING (run_id) LEFT JOIN nonfinite_loss n USING (run_id)
      LEFT JOIN deepest_dip d USING (run_id)
 ORDER BY s.run_id
 """
-"""One row per run: ``run_id, updates, last_step, collapse_step, collapse_reason, reward_peak,
-reward_at_collapse`` (collapse columns null for a run without collapse), and ``deepest_dip``, the lowest
-``reward_ma / running peak`` of the run (1 = never below its peak; below ``collapse_fraction`` = a dip as
-deep as a collapse, recovered from or not), at ``deepest_dip_step``."""
+"""One row per run: ``run_id, updates, last_step, ends_below`` (its last block's reward moving average is below
+``collapse_fraction`` of the peak, collapse or not), ``collapse_step, collapse_reason, ends_collapsed, reward_peak,
+reward_at_collapse`` (collapse columns null for a run without collapse; ``ends_collapsed``: the drop came
+less than ``collapse_recovery_steps`` before the log's end, which it reaches still below), and
+``deepest_dip``, the lowest ``reward_ma / running peak`` of the run (1 = never below its peak; below
+``collapse_fraction`` = a dip as deep as a collapse, recovered from or not), at ``deepest_dip_step``.
+Windows are in steps: rewards are averaged per block of ``smooth_steps`` steps (the detectors' blocks), the
+moving average spans ``collapse_ma_steps`` of them, and a collapse is reported at its block's last logged
+step; the same run logged every step or every 5 steps gets the same label."""
 
 STEP_EVIDENCE_SQL = """
-SELECT avg(clip_frac) AS token_clip_frac,
+SELECT avg(coalesce(clip_frac, clip_frac_active)) AS token_clip_frac,
        avg(clip_frac_turn) AS turn_clip_frac,
        median(ratio_p99) AS token_ratio_p99,
        max(ratio_max) AS token_ratio_max,
        max(turn_ratio_max) AS turn_ratio_max,
-       max(kl_old_k3) AS kl_old_max,
+       max(coalesce(kl_old_k3, kl_old_k2, kl_old, abs(kl_old_k1))) AS kl_old_max,
        max(grad_norm) AS grad_norm_max,
+       max(entropy) AS entropy_max,
+       avg(coalesce(response_len_mean, completion_len_mean)) AS length_mean,
+       max(completion_truncated_frac) AS truncated_share_max,
        max(policy_lag) AS max_policy_lag,
        max(ppo_epoch) + 1 AS ppo_epochs,
        regr_slope(clip_frac, policy_lag) AS clip_frac_per_lag,
@@ -112,11 +130,15 @@ FROM steps WHERE run_id = $run_id AND step BETWEEN $start AND $end
 """
 """Step-level evidence over the window ``[start, end]`` of one run."""
 
-EARLY_LAG_SQL = """
-SELECT regr_slope(clip_frac, policy_lag) AS clip_frac_per_lag_early, avg(clip_frac) AS clip_frac_early
-FROM (SELECT clip_frac, policy_lag FROM steps WHERE run_id = $run_id ORDER BY step LIMIT $root_cause_steps)
+EARLY_SQL = """
+SELECT regr_slope(clip_frac, policy_lag) AS clip_frac_per_lag_early,
+       avg(coalesce(clip_frac, clip_frac_active)) AS clip_frac_early,
+       min(entropy) AS entropy_early,
+       avg(coalesce(response_len_mean, completion_len_mean)) AS length_early
+FROM steps WHERE run_id = $run_id AND step < (SELECT min(step) FROM steps WHERE run_id = $run_id) + $root_cause_steps
 """
-"""How fast clip fraction grows with policy lag at the start of the run, and its level (the healthy reference)."""
+"""The run's first ``root_cause_steps`` steps (the healthy reference): how fast clip fraction grows with
+policy lag, its level, the entropy and the response length."""
 
 TURN_EVIDENCE_SQL = """
 SELECT count(*) AS turn_rows,
@@ -143,16 +165,6 @@ ORDER BY first_critical_step NULLS LAST, first_step, detector
 """The detectors' firings on one run summarised per detector, most urgent first (``{detect_sql}`` is
 ``detectors.detect_sql()``): aggregated inside DuckDB, so a long run's many firing rows never leave it."""
 
-FAMILIES = {
-    "ratio": (
-        "clip_frac_level", "clip_frac_trend", "turn_ratio_tail", "turn_ratio_max",
-        "token_ratio_p99", "token_ratio_max", "kl_spike",
-    ),
-    "echo": ("echo_trap", "reward_std_collapse"),
-    "blowup": ("grad_norm_spike", "nonfinite"),
-}  # fmt: skip
-"""Detector families the attribution reasons about."""
-
 CAUSES: dict[str, tuple[str, str]] = {
     "granularity_mismatch": (
         "granularity mismatch: token-level importance ratios are far wider than the turn-level ratios "
@@ -171,37 +183,55 @@ CAUSES: dict[str, tuple[str, str]] = {
         "Keep reward variance: drop zero-variance groups, keep exploration (temperature or entropy "
         "bonus), and lower the learning rate; CTN limits the damage meanwhile.",
     ),
+    "entropy_blowup": (
+        "entropy blow-up: the policy's entropy exploded before any ratio or KL alert and the generations "
+        "degenerated (longer completions, more of them cut at the length limit)",
+        "Lower the learning rate, keep a KL penalty to the reference policy (or raise it), lower the "
+        "sampling temperature, and resume from a checkpoint before the entropy rose.",
+    ),
     "optimisation_blowup": (
-        "optimisation blow-up: gradient-norm spikes or non-finite values without a token/turn or "
-        "off-policy signature",
+        "optimisation blow-up: gradient-norm spikes, non-finite values or ratio / KL alerts without a "
+        "token/turn, off-policy, entropy or reward-variance signature",
         "Lower the learning rate (and tighten gradient clipping).",
     ),
     "unexplained": (
-        "collapse without a preceding alert: no detector saw it coming",
-        "Inspect the run's curves (sorl report) and consider lowering the detectors' thresholds.",
+        "collapse without a preceding critical alert: no detector saw it coming",
+        "Inspect the run's curves (sorl report); log the missing inputs listed below so more detectors can run.",
     ),
-    "none": ("no collapse and no critical alert", "Nothing to do."),
 }
-"""Each root cause: what it means, and the remedy the paper (arXiv 2511.20718) suggests."""
+"""Each root cause of a collapse: what it means, and the remedy (the paper's, arXiv 2511.20718, where it
+has one)."""
+
+DETECTOR_FAMILY = {d.name: d.family for d in DETECTORS}
+
+INPUTS_SQL = "SELECT {counts} FROM steps WHERE run_id = $run_id"
+"""How many rows of the run carry each detector input column."""
 
 
 @dataclass
 class Verdict:
-    """The post-mortem of one run (``to_dict()`` for JSON)."""
+    """The post-mortem of one run (``to_dict()`` for JSON). ``root_cause``/``explanation``/``remedy`` are
+    ``None`` for a healthy run; ``inputs`` maps each detector family to the columns the run logs for it,
+    ``not_evaluated`` lists the detectors it has no inputs for."""
 
     run_id: str
     algorithm: str | None
     updates: int
     last_step: int | None
+    status: str
     collapse_step: int | None
     collapse_reason: str | None
+    ends_collapsed: bool
     first_warning: int | None
     first_critical: int | None
     lead_time: int | None
-    root_cause: str
-    explanation: str
+    root_cause: str | None
+    explanation: str | None
+    remedy: str | None
     evidence: dict[str, Any]
-    remedy: str
+    notes: list[str] = field(default_factory=list)
+    inputs: dict[str, list[str]] = field(default_factory=dict)
+    not_evaluated: list[str] = field(default_factory=list)
     top_alerts: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -265,9 +295,7 @@ def gather_evidence(
     evidence: dict[str, Any] = {"window_start": start, "window_end": end}
     evidence.update(runs.sql(STEP_EVIDENCE_SQL, params).to_pylist()[0])
     evidence.update(
-        runs.sql(EARLY_LAG_SQL, {"run_id": run_id, "root_cause_steps": config.root_cause_steps}).to_pylist()[
-            0
-        ]
+        runs.sql(EARLY_SQL, {"run_id": run_id, "root_cause_steps": config.root_cause_steps}).to_pylist()[0]
     )
     evidence.update(
         runs.sql(TURN_EVIDENCE_SQL, {**params, "turn_ratio_eps": config.turn_ratio_eps}).to_pylist()[0]
@@ -282,6 +310,8 @@ def gather_evidence(
     evidence["token_turn_clip_ratio"] = _ratio(evidence["token_clip_frac"], evidence["turn_clip_frac"])
     evidence["lag_growth"] = _ratio(evidence["clip_frac_per_lag"], evidence["clip_frac_per_lag_early"])
     evidence["clip_frac_growth"] = _ratio(evidence["token_clip_frac"], evidence["clip_frac_early"])
+    evidence["entropy_growth"] = _ratio(evidence["entropy_max"], evidence["entropy_early"])
+    evidence["length_growth"] = _ratio(evidence["length_mean"], evidence["length_early"])
     return evidence
 
 
@@ -289,32 +319,44 @@ def _at_least(value: float | None, threshold: float) -> bool:
     return value is not None and math.isfinite(value) and value >= threshold
 
 
+def _first_of_family(summary: list[dict[str, Any]], end: int | None) -> dict[str, int]:
+    """Per detector family, the first step ``≤ end`` at which any of its detectors fired."""
+    first: dict[str, int] = {}
+    for row in summary:
+        family, step = DETECTOR_FAMILY[row["detector"]], row["first_step"]
+        if step is not None and (end is None or step <= end):
+            first[family] = min(step, first.get(family, step))
+    return first
+
+
 def attribute(
     summary: list[dict[str, Any]],
     evidence: dict[str, Any],
-    end: int | None,
-    collapsed: bool,
+    end: int,
     turn_level: bool,
     config: DetectorConfig,
 ) -> str:
-    """The root cause (a key of ``CAUSES``) from the alerts up to ``end`` and the evidence numbers."""
-    echo = _first(summary, end, FAMILIES["echo"])
-    ratio_alert = _first(summary, end, FAMILIES["ratio"])
-    ratio_critical = _first(summary, end, FAMILIES["ratio"], critical=True)
-    blowup = _first(summary, end, FAMILIES["blowup"])
-    any_critical = _first(summary, end, critical=True)
-    if not collapsed and any_critical is None:
-        return "none"
-    if echo is not None and all(
-        other is None or echo < other for other in (ratio_alert, ratio_critical, blowup)
-    ):
+    """The root cause of a collapse at ``end`` (a key of ``CAUSES``) from the alerts and the evidence."""
+    first = _first_of_family(summary, end)
+
+    def before_all(family: str, others: tuple[str, ...]) -> bool:
+        return family in first and all(first[family] < first.get(other, math.inf) for other in others)
+
+    if _first(summary, end, critical=True) is None and not first:
+        return "unexplained"
+    if before_all("reward_variance", ("ratio", "kl", "entropy", "gradient", "blowup")):
         return "echo_trap"
-    if ratio_alert is not None:
+    entropy_critical = _first(summary, end, ("entropy_rise",), critical=True)
+    if entropy_critical is not None and entropy_critical < min(
+        first.get("ratio", math.inf), first.get("kl", math.inf)
+    ):
+        return "entropy_blowup"
+    if "ratio" in first or "kl" in first:
         token_clip = evidence.get("token_clip_frac")
         mismatch = not turn_level and (
             (
                 _at_least(evidence.get("token_turn_clip_ratio"), config.mismatch_clip_ratio)
-                and _at_least(token_clip, 0.1)
+                and _at_least(token_clip, config.mismatch_min_clip)
             )
             or _at_least(evidence.get("tail_width_ratio"), config.mismatch_tail_ratio)
         )
@@ -331,9 +373,11 @@ def attribute(
         ):
             return "off_policy_variance"
         return "optimisation_blowup"
-    if blowup is not None:
+    if "gradient" in first or "blowup" in first:
         return "optimisation_blowup"
-    return "unexplained" if collapsed else "none"
+    if "entropy" in first:
+        return "entropy_blowup"
+    return "unexplained"
 
 
 def _run_info(runs: RunSet, run_id: str) -> dict[str, Any]:
@@ -344,8 +388,65 @@ def _run_info(runs: RunSet, run_id: str) -> dict[str, Any]:
     return rows[0]
 
 
+def run_inputs(runs: RunSet, run_id: str) -> tuple[dict[str, list[str]], list[str]]:
+    """Per detector family, the input columns ``run_id`` logs; and the detectors it has no input for."""
+    columns = sorted({c for d in DETECTORS for c in d.columns})
+    counts = runs.sql(
+        INPUTS_SQL.format(counts=", ".join(f'count("{c}") AS "{c}"' for c in columns)), {"run_id": run_id}
+    ).to_pylist()[0]
+    present = {c for c, n in counts.items() if n}
+    families: dict[str, list[str]] = {}
+    for detector in DETECTORS:
+        families.setdefault(detector.family, [])
+        families[detector.family] += [
+            c for c in detector.columns if c in present and c not in families[detector.family]
+        ]
+    missing = [d.name for d in DETECTORS if any(not present & set(SIGNALS[s].columns) for s in d.signals)]
+    return families, missing
+
+
+def _notes(
+    summary: list[dict[str, Any]], evidence: dict[str, Any], ends_below: bool, config: DetectorConfig
+) -> list[str]:
+    """What a healthy run showed: its critical alerts, and a deep dip it came back from or its log ends in."""
+    notes = [
+        f"{row['detector']} critical from step {row['first_critical_step']} ({row['message']})"
+        for row in summary
+        if row["first_critical_step"] is not None
+    ]
+    dip = evidence.get("deepest_dip")
+    if ends_below:
+        notes.append(
+            "the log ends with the reward moving average below half its running peak, too recently to call a "
+            f"collapse (it needs {config.collapse_min_tail_steps} steps below)"
+        )
+    elif dip is not None and dip < config.collapse_fraction:
+        notes.append(
+            f"the reward moving average dipped to {dip:.0%} of its running peak at step "
+            f"{evidence.get('deepest_dip_step')} and recovered"
+        )
+    return notes
+
+
+def _degeneration(evidence: dict[str, Any], config: DetectorConfig) -> str:
+    """Whether the generations degenerated as the entropy blew up, from the length evidence."""
+    growth, truncated = evidence.get("length_growth"), evidence.get("truncated_share_max")
+    if growth is None and truncated is None:
+        return "the run logs no completion length, so degenerate generations could not be checked"
+    seen = []
+    if _at_least(growth, config.degenerate_length_rise):
+        seen.append(f"completions grew to {growth:.2g}× their early length")
+    if _at_least(truncated, config.degenerate_truncation):
+        seen.append(f"up to {truncated:.0%} of them hit the length limit")
+    return (
+        "degenerate generations: " + "; ".join(seen)
+        if seen
+        else "completion lengths stayed near their early level"
+    )
+
+
 def postmortem(runs: RunSet, run_id: str, config: DetectorConfig | None = None) -> Verdict:
-    """Label, time, and explain one run (see module docstring)."""
+    """Label, time, and (for a collapse) explain one run (see module docstring)."""
     config = config or DetectorConfig()
     algorithm = _run_info(runs, run_id)["algorithm"]
     label = label_collapse(runs, config, run_id).to_pylist()
@@ -355,35 +456,52 @@ def postmortem(runs: RunSet, run_id: str, config: DetectorConfig | None = None) 
     summary = summarise_alerts(runs, run_id, config)
     collapse_step = label_row["collapse_step"]
     end = collapse_step if collapse_step is not None else label_row["last_step"]
-    first_warning = _first(summary, None)
-    first_critical = _first(summary, None, critical=True)
     evidence = gather_evidence(runs, run_id, max(0, end - config.root_cause_steps), end, config)
-    evidence["reward_peak"] = label_row["reward_peak"]
-    evidence["reward_at_collapse"] = label_row["reward_at_collapse"]
-    evidence["deepest_dip"] = label_row["deepest_dip"]
-    evidence["deepest_dip_step"] = label_row["deepest_dip_step"]
+    for key in ("reward_peak", "reward_at_collapse", "deepest_dip", "deepest_dip_step"):
+        evidence[key] = label_row[key]
     evidence["ctn_switches"] = runs.sql(
         "SELECT count(*) AS n FROM alerts WHERE run_id = $run_id AND kind = 'action'", {"run_id": run_id}
     ).to_pylist()[0]["n"]
-    turn_level = algorithm is not None and algorithm.lower().replace("-", "_") in config.turn_level_algorithms
-    cause = attribute(summary, evidence, end, collapse_step is not None, turn_level, config)
-    explanation, remedy = CAUSES[cause]
-    lead_time = (
-        collapse_step - first_critical if collapse_step is not None and first_critical is not None else None
-    )
+    inputs, not_evaluated = run_inputs(runs, run_id)
+    first_critical = _first(summary, None, critical=True)
+    if collapse_step is None:
+        cause = explanation = remedy = None
+        notes = _notes(summary, evidence, label_row["ends_below"], config)
+    else:
+        turn_level = (
+            algorithm is not None and algorithm.lower().replace("-", "_") in config.turn_level_algorithms
+        )
+        cause = attribute(summary, evidence, collapse_step, turn_level, config)
+        explanation, remedy = CAUSES[cause]
+        notes = []
+        if label_row["ends_collapsed"]:
+            notes.append(
+                f"the log ends collapsed, {label_row['last_step'] - collapse_step} steps after the drop"
+            )
+        if cause == "entropy_blowup":
+            notes.append(_degeneration(evidence, config))
+        if cause == "unexplained" and not_evaluated:
+            notes.append(f"this run logs no input for {', '.join(not_evaluated)}")
+    alarm = _first(summary, collapse_step, critical=True) if collapse_step is not None else None
+    lead_time = collapse_step - alarm if alarm is not None else None
     return Verdict(
         run_id=run_id,
         algorithm=algorithm,
         updates=label_row["updates"],
         last_step=label_row["last_step"],
+        status="collapsed" if collapse_step is not None else "healthy",
         collapse_step=collapse_step,
         collapse_reason=label_row["collapse_reason"],
-        first_warning=first_warning,
+        ends_collapsed=bool(label_row["ends_collapsed"]),
+        first_warning=_first(summary, None),
         first_critical=first_critical,
         lead_time=lead_time,
         root_cause=cause,
         explanation=explanation,
-        evidence=evidence,
         remedy=remedy,
+        evidence=evidence,
+        notes=notes,
+        inputs=inputs,
+        not_evaluated=not_evaluated,
         top_alerts=summary[:10],
     )

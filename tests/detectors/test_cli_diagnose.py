@@ -52,14 +52,14 @@ def test_postmortem_exits_0_on_a_healthy_synthetic_run_and_offers_no_cause_or_re
 
 
 def test_postmortem_exits_0_on_a_healthy_synthetic_run_with_a_critical_alert_and_notes_it(tmp_path):
-    run = write_rows(tmp_path, "alarmed", pattern_rows("kl_rise", 400))
+    run = write_rows(tmp_path, "alarmed", pattern_rows("clip_rise", 400))
     result = invoke("postmortem", run, "--json")
     verdict = json.loads(result.output)
     assert result.exit_code == 0 and verdict["status"] == "healthy"
     assert (
         verdict["first_critical"] is not None and verdict["root_cause"] is None and verdict["remedy"] is None
     )
-    assert [note for note in verdict["notes"] if "kl_rise" in note], verdict["notes"]
+    assert [note for note in verdict["notes"] if "clip_rise" in note], verdict["notes"]
 
 
 def test_postmortem_exits_3_on_a_collapsed_synthetic_run_and_names_cause_and_remedy(runs):

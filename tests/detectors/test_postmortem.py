@@ -82,9 +82,15 @@ def test_a_log_that_ends_long_after_its_reward_fell_to_zero_ends_collapsed_synth
     assert any("the log ends collapsed" in note for note in verdict.notes), verdict.notes
 
 
-def test_a_reward_fall_to_zero_20_steps_before_the_log_ends_is_labelled_ends_collapsed_synthetic(tmp_path):
-    """The tail counted from the fall: 20 = collapse_min_tail_steps + 4 steps of zero reward at the end."""
-    verdict = verdict_of(tmp_path, zero_reward_before_end(DetectorConfig().collapse_min_tail_steps + 4))
+def test_a_reward_fall_to_zero_well_before_the_log_ends_is_labelled_ends_collapsed_synthetic(tmp_path):
+    """The tail is counted from where the reward moving average crosses half its peak, which lags the fall
+    by up to half its window: a fall collapse_ma_steps + collapse_min_tail_steps before the end is enough,
+    and less than collapse_recovery_steps before it is too recent to have seen a recovery window."""
+    config = DetectorConfig()
+    assert config.collapse_ma_steps + config.collapse_min_tail_steps < config.collapse_recovery_steps
+    verdict = verdict_of(
+        tmp_path, zero_reward_before_end(config.collapse_ma_steps + config.collapse_min_tail_steps)
+    )
     assert (verdict.status, verdict.ends_collapsed) == ("collapsed", True), verdict.notes
 
 
@@ -137,10 +143,10 @@ def test_healthy_synthetic_run_has_no_collapse_no_alert_and_no_cause(tmp_path):
 
 
 def test_a_healthy_run_with_a_critical_alert_stays_healthy_and_notes_the_alert_synthetic(tmp_path):
-    verdict = verdict_of(tmp_path, pattern_rows("kl_rise", 400))
+    verdict = verdict_of(tmp_path, pattern_rows("clip_rise", 400))
     assert verdict.status == "healthy" and verdict.first_critical is not None
     assert (verdict.root_cause, verdict.explanation, verdict.remedy, verdict.lead_time) == (None,) * 4
-    assert [note for note in verdict.notes if "kl_rise" in note and "critical" in note], verdict.notes
+    assert [note for note in verdict.notes if "clip_rise" in note and "critical" in note], verdict.notes
 
 
 def test_lead_time_is_collapse_step_minus_first_critical_alert_synthetic(tmp_path):
