@@ -1,32 +1,40 @@
-"""How early and how reliably the detectors see collapse coming, next to two baselines, on a folder of runs.
+"""How early and how reliably the detectors see collapse coming: a labelled corpus and real logs, apart.
 
-    python benchmarks/detector_eval.py SWEEP_DIR [--config detectors.toml] [--set name=value] [--json out.json]
+    python benchmarks/detector_eval.py --corpus benchmarks/corpus [--real ../shared/real_logs] [--json out.json]
 
-Each run is labelled with the post-mortem's collapse label (reward moving average below half its
-running peak without recovery, or non-finite loss; ``sorl_monitor.postmortem.COLLAPSE_SQL``), which
-no detector sees. A method *alarms* at its first critical alert. On a collapsing run it counts as a
-detection when that alarm is at or before the collapse step (lead time = collapse step − alarm step,
-in logged updates); on a stable run any alarm is a false alarm. Methods:
+Each run is labelled by the post-mortem's collapse label (``sorl_monitor.postmortem.COLLAPSE_SQL``: the
+reward moving average below half its running peak without recovery, or a non-finite loss), which no
+detector sees. A method *alarms* at its first critical alert; on a collapsing run that is a detection
+when it comes at or before the collapse step (lead = collapse step − alarm step, in optimizer steps),
+on a stable run a false alarm. A run that is not labelled collapsed but whose reward moving average
+dipped below half its peak and recovered is counted apart (an alarm there is neither false nor a
+detection).
 
-* each detector alone, and ``combined`` (the first critical alert of any detector);
-* ``baseline_grad_spike``: OLMo-core-style grad-norm spike rule, ``g > mean + 6σ`` of the previous 128
-  updates (from ``min_history`` updates on);
-* ``baseline_loss_spike``: llm-foundry-style rule, loss ≥ 2 × its running mean over the previous 100
-  updates for 5 consecutive updates (their ``KillLossSpike`` defaults), and the same rule mirrored on
-  the reward (≤ ½ × its running mean), since an RL loss can be negative or flat while reward dies.
+(a) **Corpus** (``benchmarks/make_corpus.py``: the bundled trainer over a grid of settings), scored
+    leave-one-setting-out: for each setting, the critical thresholds in ``FITTED`` are chosen on the
+    *other* settings' runs (grid search: the best recall at a false-alarm rate ≤ 5 % there; ties go to
+    fewer false alarms, the longer median lead, then the higher thresholds), then applied to that setting's runs. No threshold is judged on the setting it
+    was fitted on. The shipped defaults are the same fit over the whole corpus (printed, not scored).
+(b) **Real logs** (``--real``, e.g. the TRL runs in ``../shared/real_logs``), read as the files come and
+    scored with the shipped defaults, which were never fitted on them.
 
-Prints per-method recall, false-alarm rate, median and minimum lead time, the confusion table of each
-method, and a per-run table.
+Baselines on the same runs: ``olmo_grad_spike`` (OLMo-core-style, grad norm > mean + 6σ of the previous
+128 steps) and ``foundry_spike`` (llm-foundry ``KillLossSpike``-style: loss ≥ 2 × its mean over the
+previous 100 steps, or reward ≤ ½ × its mean, for 5 consecutive logged rows).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import math
+import re
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,18 +46,25 @@ from sorl_monitor.detectors import DETECTOR_NAMES, DetectorConfig, detect, load_
 from sorl_monitor.postmortem import label_collapse  # noqa: E402
 from sorl_monitor.query import QueryError, RunSet, open_runs  # noqa: E402
 
+FITTED: dict[str, tuple[float, ...]] = {
+    "clip_rise_critical": (3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 15.0, 20.0, math.inf),
+    "turn_clip_rise_critical": (4.0, 6.0, 8.0, 10.0, 12.0, 15.0, 20.0, 30.0, math.inf),
+    "kl_rise_critical": (5.0, 8.0, 10.0, 15.0, 20.0, 30.0, 50.0, 100.0, math.inf),
+}
+"""The critical thresholds fitted on the corpus, and the grid each is chosen from."""
+
 OLMO_GRAD_SPIKE_SQL = """
 SELECT run_id, min(step) AS alarm_step FROM (
     SELECT run_id, step, grad_norm,
            avg(grad_norm) OVER prev AS mean, stddev_pop(grad_norm) OVER prev AS sd,
-           count(grad_norm) OVER prev AS n
+           step - min(step) OVER prev AS span
     FROM (SELECT run_id, step, avg(grad_norm) AS grad_norm FROM steps GROUP BY run_id, step)
-    WINDOW prev AS (PARTITION BY run_id ORDER BY step ROWS BETWEEN $olmo_window PRECEDING AND 1 PRECEDING)
+    WINDOW prev AS (PARTITION BY run_id ORDER BY step RANGE BETWEEN $olmo_window PRECEDING AND 1 PRECEDING)
 )
-WHERE n >= $min_history AND grad_norm > mean + $olmo_sigmas * sd
+WHERE span >= $min_history_steps AND grad_norm > mean + $olmo_sigmas * sd
 GROUP BY run_id
 """
-"""OLMo-core-style spike rule on the pre-clip grad norm: first step with ``g > mean + 6σ`` of the previous 128."""
+"""OLMo-core-style spike rule on the grad norm: first step with ``g > mean + 6σ`` of the previous 128 steps."""
 
 FOUNDRY_SPIKE_SQL = """
 WITH per_step AS (
@@ -58,12 +73,12 @@ WITH per_step AS (
 ),
 flagged AS (
     SELECT run_id, step,
-           count(loss) OVER prev = $foundry_window AND avg(loss) OVER prev > 0
+           step - min(step) OVER prev >= $min_history_steps AND avg(loss) OVER prev > 0
                AND loss >= $foundry_multiplier * avg(loss) OVER prev AS loss_outlier,
-           count(reward) OVER prev = $foundry_window AND avg(reward) OVER prev > 0
+           step - min(step) OVER prev >= $min_history_steps AND avg(reward) OVER prev > 0
                AND reward <= avg(reward) OVER prev / $foundry_multiplier AS reward_outlier
     FROM per_step
-    WINDOW prev AS (PARTITION BY run_id ORDER BY step ROWS BETWEEN $foundry_window PRECEDING AND 1 PRECEDING)
+    WINDOW prev AS (PARTITION BY run_id ORDER BY step RANGE BETWEEN $foundry_window PRECEDING AND 1 PRECEDING)
 ),
 streaks AS (
     SELECT run_id, step,
@@ -76,189 +91,268 @@ SELECT run_id, min(step) AS alarm_step FROM streaks
 WHERE loss_streak > $foundry_patience OR reward_streak > $foundry_patience
 GROUP BY run_id
 """
-"""llm-foundry-style rule (``KillLossSpike``): ≥ 2 × the running mean of the previous 100 updates for 5
-consecutive updates, on the loss and (mirrored) on the reward."""
+"""llm-foundry-style rule (``KillLossSpike``): ≥ 2 × the mean of the previous 100 steps for 5 consecutive
+logged rows, on the loss and (mirrored) on the reward, since an RL loss can be flat while reward dies."""
 
-BASELINE_PARAMS = {
-    "olmo_window": 128,
-    "olmo_sigmas": 6.0,
-    "foundry_window": 100,
-    "foundry_multiplier": 2.0,
-    "foundry_patience": 4,
-}
-"""The baselines' settings: OLMo-core's 6σ over 128 steps; llm-foundry's window 100, ×2, patience 4."""
+BASELINE_PARAMS = {"olmo_window": 128, "olmo_sigmas": 6.0, "foundry_window": 100, "foundry_multiplier": 2.0,
+                   "foundry_patience": 4}  # fmt: skip
 
 
 @dataclass
-class MethodScore:
-    """One method's detection record over the sweep."""
+class Labelled:
+    """One run's label: collapse step (None: none), and whether it dipped below half its peak and recovered."""
+
+    run_id: str
+    setting: str
+    collapse_step: int | None
+    dipped: bool
+    ends_collapsed: bool
+
+
+@dataclass
+class Score:
+    """One method's record over a set of runs."""
 
     method: str
-    collapsing: int
-    stable: int
-    detected: int
-    late: int
-    missed: int
-    false_alarms: int
-    lead_times: list[int] = field(default_factory=list)
+    collapsing: int = 0
+    detected: int = 0
+    stable: int = 0
+    false_alarms: int = 0
+    dipped: int = 0
+    alarmed_dips: int = 0
+    leads: list[int] = field(default_factory=list)
+    lead_shares: list[float] = field(default_factory=list)
+    missed: list[str] = field(default_factory=list)
+    false: list[str] = field(default_factory=list)
 
-    @property
-    def recall(self) -> float | None:
-        return self.detected / self.collapsing if self.collapsing else None
+    def add(self, run: Labelled, alarm: int | None) -> None:
+        if run.collapse_step is not None:
+            self.collapsing += 1
+            if alarm is not None and alarm <= run.collapse_step:
+                self.detected += 1
+                self.leads.append(run.collapse_step - alarm)
+                self.lead_shares.append((run.collapse_step - alarm) / max(run.collapse_step, 1))
+            else:
+                self.missed.append(f"{run.run_id} (collapse {run.collapse_step}, alarm {alarm})")
+        elif run.dipped:
+            self.dipped += 1
+            self.alarmed_dips += alarm is not None
+        else:
+            self.stable += 1
+            if alarm is not None:
+                self.false_alarms += 1
+                self.false.append(f"{run.run_id} (alarm {alarm})")
 
-    @property
-    def false_alarm_rate(self) -> float | None:
-        return self.false_alarms / self.stable if self.stable else None
-
-    @property
-    def median_lead(self) -> float | None:
-        return statistics.median(self.lead_times) if self.lead_times else None
-
-    @property
-    def min_lead(self) -> int | None:
-        return min(self.lead_times) if self.lead_times else None
-
-    def to_dict(self) -> dict[str, Any]:
+    def row(self) -> dict[str, Any]:
         return {
-            **asdict(self),
-            "recall": self.recall,
-            "false_alarm_rate": self.false_alarm_rate,
-            "median_lead": self.median_lead,
-            "min_lead": self.min_lead,
+            "method": self.method,
+            "recall": f"{self.detected}/{self.collapsing}",
+            "false alarms": f"{self.false_alarms}/{self.stable}",
+            "median lead": statistics.median(self.leads) if self.leads else None,
+            "min lead": min(self.leads) if self.leads else None,
+            "median lead share": statistics.median(self.lead_shares) if self.lead_shares else None,
+            "alarms on recovered dips": f"{self.alarmed_dips}/{self.dipped}",
         }
 
 
-@dataclass
-class Evaluation:
-    """Labels, each method's first alarm per run, and the scores."""
+def labels(runs: RunSet, config: DetectorConfig) -> list[Labelled]:
+    """Every run's label; its setting is its run id without a trailing ``-s<seed>``."""
+    out = []
+    for row in label_collapse(runs, config).to_pylist():
+        run_id = row["run_id"]
+        setting = re.sub(r"-s\d+$", "", run_id)
+        dipped = row["collapse_step"] is None and (row["deepest_dip"] or 1.0) < config.collapse_fraction
+        out.append(Labelled(run_id, setting, row["collapse_step"], dipped, bool(row["ends_collapsed"])))
+    return out
 
-    labels: dict[str, int | None]
-    alarms: dict[str, dict[str, int | None]]
-    scores: list[MethodScore]
+
+def crossings(
+    runs: RunSet, config: DetectorConfig
+) -> tuple[dict[str, dict[str, list]], dict[str, dict[str, int]]]:
+    """Per fitted detector and run, its (steps, running max of value) to find the first crossing of any
+    threshold; and per method (each detector, ``combined`` of the unfitted ones) and run, its first alarm."""
+    detectors = {key.removesuffix("_critical") for key in FITTED}
+    probe = config.replace(**{f"{name}_warning": 0.0 for name in detectors},
+                           **{f"{name}_critical": math.inf for name in detectors})  # fmt: skip
+    series: dict[str, dict[str, list]] = {name: {} for name in detectors}
+    first: dict[str, dict[str, int]] = {name: {} for name in (*DETECTOR_NAMES, "unfitted")}
+    for row in detect(runs, probe).to_pylist():
+        name, run_id = row["detector"], row["run_id"]
+        if name in detectors:
+            steps, peaks = series[name].setdefault(run_id, ([], []))
+            steps.append(row["step"])
+            peaks.append(max(row["value"], peaks[-1]) if peaks else row["value"])
+        elif row["severity"] == "critical":
+            first[name].setdefault(run_id, row["step"])
+            first["unfitted"].setdefault(run_id, row["step"])
+    return series, first
 
 
-def first_alarms(runs: RunSet, config: DetectorConfig) -> dict[str, dict[str, int]]:
-    """Method → run → first alarm step (critical alerts of each detector, any detector, and the baselines)."""
-    alarms: dict[str, dict[str, int]] = {name: {} for name in (*DETECTOR_NAMES, "combined")}
-    for row in detect(runs, config).to_pylist():
-        if row["severity"] != "critical":
-            continue
-        for method in (row["detector"], "combined"):
-            alarms[method].setdefault(row["run_id"], row["step"])
-    params = {**BASELINE_PARAMS, "min_history": config.min_history}
-    for method, sql in (
-        ("baseline_grad_spike", OLMO_GRAD_SPIKE_SQL),
-        ("baseline_loss_spike", FOUNDRY_SPIKE_SQL),
-    ):
+def first_crossing(steps_peaks: tuple[list[int], list[float]] | None, threshold: float) -> int | None:
+    """First step whose value exceeds ``threshold`` (its running max does, from then on)."""
+    if steps_peaks is None or math.isinf(threshold):
+        return None
+    steps, peaks = steps_peaks
+    low, high = 0, len(peaks)
+    while low < high:
+        middle = (low + high) // 2
+        if peaks[middle] > threshold:
+            high = middle
+        else:
+            low = middle + 1
+    return steps[low] if low < len(steps) else None
+
+
+def combined_alarm(run_id: str, thresholds: Mapping[str, float], series: dict, first: dict) -> int | None:
+    """The first critical alert of any detector under ``thresholds`` (the fitted ones) and the defaults."""
+    candidates = [first["unfitted"].get(run_id)]
+    for key, threshold in thresholds.items():
+        candidates.append(first_crossing(series[key.removesuffix("_critical")].get(run_id), threshold))
+    found = [c for c in candidates if c is not None]
+    return min(found) if found else None
+
+
+FALSE_ALARM_BUDGET = 0.05
+"""The fit's false-alarm budget on the settings it is fitted on (the goal's ≤ 5 %)."""
+
+
+def objective(runs: Sequence[Labelled], thresholds: Mapping[str, float], series: dict, first: dict) -> tuple:
+    """Sort key of a threshold choice: within the false-alarm budget first, then recall, fewer false alarms,
+    longer median lead share, higher thresholds."""
+    score = Score("fit")
+    for run in runs:
+        score.add(run, combined_alarm(run.run_id, thresholds, series, first))
+    recall = score.detected / score.collapsing if score.collapsing else 0.0
+    false_rate = score.false_alarms / score.stable if score.stable else 0.0
+    lead = statistics.median(score.lead_shares) if score.lead_shares else 0.0
+    return (false_rate <= FALSE_ALARM_BUDGET, round(recall, 9), -false_rate, lead, *thresholds.values())
+
+
+def fit(runs: Sequence[Labelled], series: dict, first: dict) -> dict[str, float]:
+    """The ``FITTED`` thresholds with the best recall on ``runs`` at a false-alarm rate within the budget."""
+    grid = [dict(zip(FITTED, values, strict=True)) for values in itertools.product(*FITTED.values())]
+    return max(grid, key=lambda thresholds: objective(runs, thresholds, series, first))
+
+
+def leave_one_setting_out(
+    runs: Sequence[Labelled], series: dict, first: dict
+) -> tuple[Score, dict[str, dict]]:
+    """Score each setting's runs with thresholds fitted on the other settings; the fits, per setting."""
+    score, fits = Score("detectors (leave-one-setting-out)"), {}
+    for setting in sorted({r.setting for r in runs}):
+        fitted = fit([r for r in runs if r.setting != setting], series, first)
+        fits[setting] = fitted
+        for run in (r for r in runs if r.setting == setting):
+            score.add(run, combined_alarm(run.run_id, fitted, series, first))
+    return score, fits
+
+
+def baseline_alarms(runs: RunSet, config: DetectorConfig) -> dict[str, dict[str, int]]:
+    params = {**BASELINE_PARAMS, "min_history_steps": config.min_history_steps}
+    alarms = {}
+    for method, sql in (("olmo_grad_spike", OLMO_GRAD_SPIKE_SQL), ("foundry_spike", FOUNDRY_SPIKE_SQL)):
         used = {k: v for k, v in params.items() if f"${k}" in sql}
         alarms[method] = {r["run_id"]: r["alarm_step"] for r in runs.sql(sql, used).to_pylist()}
     return alarms
 
 
-def score(method: str, labels: dict[str, int | None], alarms: dict[str, int]) -> MethodScore:
-    """Detections, misses, late alarms, false alarms and lead times of one method."""
-    result = MethodScore(method, 0, 0, 0, 0, 0, 0)
-    for run_id, collapse_step in labels.items():
-        alarm = alarms.get(run_id)
-        if collapse_step is None:
-            result.stable += 1
-            result.false_alarms += alarm is not None
-            continue
-        result.collapsing += 1
-        if alarm is not None and alarm <= collapse_step:
-            result.detected += 1
-            result.lead_times.append(collapse_step - alarm)
-        elif alarm is not None:
-            result.late += 1
-        else:
-            result.missed += 1
-    return result
+def score_with(name: str, runs: Sequence[Labelled], alarms: Mapping[str, int | None]) -> Score:
+    score = Score(name)
+    for run in runs:
+        score.add(run, alarms.get(run.run_id))
+    return score
 
 
-def evaluate(runs: RunSet, config: DetectorConfig | None = None) -> Evaluation:
-    """Label every run, find each method's first alarm, score every method."""
-    config = config or DetectorConfig()
-    labels = {r["run_id"]: r["collapse_step"] for r in label_collapse(runs, config).to_pylist()}
-    alarms = first_alarms(runs, config)
-    return Evaluation(labels, alarms, [score(method, labels, found) for method, found in alarms.items()])
+def markdown(title: str, scores: Sequence[Score]) -> str:
+    rows = [s.row() for s in scores]
+    keys = list(rows[0])
+    lines = [f"### {title}", "", "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    for row in rows:
+        lines.append("| " + " | ".join(_cell(row[k]) for k in keys) + " |")
+    return "\n".join(lines)
 
 
-def _cell(value: Any, digits: int = 2) -> str:
+def _cell(value: Any) -> str:
     if value is None:
         return "—"
     if isinstance(value, float):
-        return f"{value:.{digits}f}"
+        return f"{value:.2f}" if value < 1 else f"{value:.0f}"
     return str(value)
 
 
-def markdown_report(evaluation: Evaluation) -> str:
-    """Score table, confusion tables of the combined detectors and the baselines, and per-run alarms."""
-    collapsing = sum(step is not None for step in evaluation.labels.values())
-    lines = [
-        f"runs: {len(evaluation.labels)} ({collapsing} collapsing, {len(evaluation.labels) - collapsing} stable "
-        "by the collapse label); alarm = first critical alert; lead time in logged updates",
-        "",
-        "| method | recall | false-alarm rate | median lead | min lead | detected | late | missed | false alarms |",
-        "|---|---|---|---|---|---|---|---|---|",
+def evaluate_corpus(path: Sequence[str], config: DetectorConfig) -> dict[str, Any]:
+    with open_runs(path) as runs:
+        labelled = labels(runs, config)
+        series, first = crossings(runs, config)
+        baselines = baseline_alarms(runs, config)
+    loso, fits = leave_one_setting_out(labelled, series, first)
+    whole = fit(labelled, series, first)
+    scores = [loso] + [score_with(name, labelled, alarms) for name, alarms in baselines.items()]
+    early = [
+        r.run_id
+        for r in labelled
+        if r.collapse_step is not None and r.collapse_step < config.min_history_steps
     ]
-    for s in evaluation.scores:
-        lines.append(
-            f"| {s.method} | {_cell(s.recall)} | {_cell(s.false_alarm_rate)} | {_cell(s.median_lead, 1)} | "
-            f"{_cell(s.min_lead)} | {s.detected}/{s.collapsing} | {s.late} | {s.missed} | {s.false_alarms}/{s.stable} |"
-        )
-    for s in evaluation.scores:
-        if s.method not in ("combined", "baseline_grad_spike", "baseline_loss_spike"):
-            continue
-        lines += [
-            "",
-            f"confusion ({s.method}): rows = label, columns = alarm at or before collapse / none (or late)",
-            "",
-            "| | alarm | no alarm |",
-            "|---|---|---|",
-            f"| collapse | {s.detected} | {s.missed + s.late} |",
-            f"| stable | {s.false_alarms} | {s.stable - s.false_alarms} |",
-        ]
-    lines += [
-        "",
-        "| run | collapse step | combined | grad-spike baseline | loss-spike baseline |",
-        "|---|---|---|---|---|",
-    ]
-    for run_id, step in sorted(evaluation.labels.items()):
-        found = [
-            evaluation.alarms[m].get(run_id)
-            for m in ("combined", "baseline_grad_spike", "baseline_loss_spike")
-        ]
-        lines.append(f"| {run_id} | {_cell(step)} | " + " | ".join(_cell(f) for f in found) + " |")
-    return "\n".join(lines)
+    return {"scores": scores, "fits": fits, "fit_on_all": whole, "runs": labelled, "early": early,
+            "settings": len({r.setting for r in labelled})}  # fmt: skip
+
+
+def evaluate_real(path: Sequence[str], config: DetectorConfig) -> dict[str, Any]:
+    with open_runs(path) as runs:
+        labelled = labels(runs, config)
+        found: dict[str, int] = {}
+        for row in detect(runs, config).to_pylist():
+            if row["severity"] == "critical":
+                found.setdefault(row["run_id"], row["step"])
+        baselines = baseline_alarms(runs, config)
+    scores = [score_with("detectors (defaults)", labelled, found)]
+    scores += [score_with(name, labelled, alarms) for name, alarms in baselines.items()]
+    return {"scores": scores, "runs": labelled, "alarms": found}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", help="folders of runs (a sweep)")
+    parser.add_argument(
+        "--corpus", nargs="*", default=[], help="folders of bundled-trainer runs (the corpus)"
+    )
+    parser.add_argument("--real", nargs="*", default=[], help="foreign logs, scored with the defaults")
     parser.add_argument("--config", type=Path, default=None, help="TOML file of detector settings")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="name=value")
-    parser.add_argument("--json", type=Path, default=None, help="also write the scores and alarms as JSON")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON")
     args = parser.parse_args(argv)
+    if not args.corpus and not args.real:
+        parser.error("give --corpus and/or --real")
     try:
         config = load_config(args.config, args.overrides)
-        started = time.perf_counter()
-        with open_runs(args.runs) as runs:
-            evaluation = evaluate(runs, config)
-        elapsed = time.perf_counter() - started
+        payload: dict[str, Any] = {"config": config.to_dict(), "baselines": BASELINE_PARAMS}
+        if args.corpus:
+            started = time.perf_counter()
+            corpus = evaluate_corpus(args.corpus, config)
+            collapsing = sum(r.collapse_step is not None for r in corpus["runs"])
+            print(markdown(
+                f"Corpus: {len(corpus['runs'])} runs in {corpus['settings']} settings ({collapsing} collapsing; "
+                f"{len(corpus['early'])} of them before step {config.min_history_steps}, when no baseline "
+                "exists yet), leave-one-setting-out", corpus["scores"]))  # fmt: skip
+            print(f"\nfit on the whole corpus (the defaults): {corpus['fit_on_all']}")
+            for score in corpus["scores"][:1]:
+                print(f"missed: {', '.join(score.missed) or 'none'}")
+                print(f"false alarms: {', '.join(score.false) or 'none'}")
+            print(f"({time.perf_counter() - started:.1f} s)")
+            payload["corpus"] = {"scores": [s.row() for s in corpus["scores"]], "fits": corpus["fits"],
+                                 "fit_on_all": corpus["fit_on_all"], "early": corpus["early"]}  # fmt: skip
+        if args.real:
+            real = evaluate_real(args.real, config)
+            print()
+            print(markdown(f"Real logs: {len(real['runs'])} runs, the defaults as shipped", real["scores"]))
+            for run in real["runs"]:
+                label = f"collapse at {run.collapse_step}" if run.collapse_step is not None else "no collapse"
+                print(f"  {run.run_id}: {label}; first critical alert {real['alarms'].get(run.run_id)}")
+            payload["real"] = {"scores": [s.row() for s in real["scores"]], "alarms": real["alarms"]}
     except (QueryError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    print(markdown_report(evaluation))
-    print(f"\nevaluated in {elapsed:.2f} s")
     if args.json is not None:
-        payload = {
-            "labels": evaluation.labels,
-            "alarms": evaluation.alarms,
-            "scores": [s.to_dict() for s in evaluation.scores],
-            "config": config.to_dict(),
-            "baselines": BASELINE_PARAMS,
-        }
-        args.json.write_text(json.dumps(payload, indent=1))
+        args.json.write_text(json.dumps(payload, indent=1, default=str))
     return 0
 
 
