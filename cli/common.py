@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from sorl_monitor.logs import FORMATS
@@ -29,7 +30,7 @@ EXIT_USAGE = 2
 
 def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
     """Print ``error: message`` on stderr and exit with ``code``."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
