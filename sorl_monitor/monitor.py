@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import datetime as dt
 import os
 import platform
@@ -39,13 +40,29 @@ from sorl_monitor import __version__
 from sorl_monitor.integrations.names import guess_family, map_metrics
 from sorl_monitor.metrics import TURN_COLUMNS, module_norms, update_metrics
 from sorl_monitor.schema import KEYS, RUN_FILE, SCHEMA_VERSION, SEVERITIES, check_run_id, column_name
-from sorl_monitor.writer import ParquetStreamWriter, WriterStats, write_json_atomic
+from sorl_monitor.writer import (
+    ParquetStreamWriter,
+    WriterStats,
+    check_setting,
+    check_writer_settings,
+    write_json_atomic,
+)
 
 _NUMERIC = re.compile(r"^\d+$")
 
 
 class MonitorWarning(RuntimeWarning):
     """Monitoring lost data or failed; training goes on."""
+
+
+def warn(message: str, stacklevel: int = 1) -> None:
+    """Issue a ``MonitorWarning`` that never raises into training: where a filter turns it into an
+    exception (``python -W error``), the message is written to stderr instead."""
+    try:
+        warnings.warn(message, MonitorWarning, stacklevel=stacklevel + 1)
+    except MonitorWarning:
+        with contextlib.suppress(Exception):
+            print(f"MonitorWarning: {message}", file=sys.stderr)
 
 
 def module_group(parameter_name: str) -> str:
@@ -100,6 +117,7 @@ class Monitor:
         algorithm, seed: stored in ``run.json`` (and used in the default run id).
         clip_eps, clip_eps_high: PPO's trust region ``[1 − ε_low, 1 + ε_high]`` for clip fractions.
         flush_interval_s, flush_rows, max_pending_rows: the writer's flush cadence and queue bound (rows).
+            Settings that cannot work (``flush_interval_s <= 0``, ``window < 1``, …) raise ``ValueError``.
         max_turn_rows: turn slots per episode written to the ``turns`` table.
         window: how many recent ``steps`` rows stay in memory for live detectors.
         compact: merge small part files into ``part-A-B.parquet`` as they pile up and at close.
@@ -127,6 +145,12 @@ class Monitor:
         world_size: int | None = None,
         enabled: bool = True,
     ) -> None:
+        check_writer_settings(flush_interval_s, flush_rows, max_pending_rows, 32 if compact else 0, 1)
+        check_setting("max_turn_rows", max_turn_rows, least=0, integer=True)
+        check_setting("window", window, least=1, integer=True)
+        check_setting("clip_eps", clip_eps, above=0)
+        if clip_eps_high is not None:
+            check_setting("clip_eps_high", clip_eps_high, above=0)
         self.enabled = enabled
         dist_rank, dist_world = _distributed_rank()
         self.rank = dist_rank if rank is None else rank
@@ -537,4 +561,4 @@ class Monitor:
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
             self._warned.add(key)
-            warnings.warn(message, MonitorWarning, stacklevel=3)
+            warn(message, stacklevel=3)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import collections
 import json
+import math
+import numbers
 import os
 import threading
 import time
@@ -32,6 +34,31 @@ def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str))
     os.replace(tmp, path)
+
+
+def check_setting(
+    name: str, value: object, *, above: float | None = None, least: float | None = None, integer: bool = False
+) -> None:
+    """``ValueError`` naming the setting unless ``value`` is a finite number (an integer where ``integer``)
+    ``> above`` and ``>= least``."""
+    kind = numbers.Integral if integer else numbers.Real
+    ok = isinstance(value, kind) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (above is None or value > above) and (least is None or value >= least)
+    if not ok:
+        bound = f"> {above:g}" if above is not None else f">= {least:g}"
+        raise ValueError(f"{name} must be {'an integer' if integer else 'a number'} {bound}, not {value!r}")
+
+
+def check_writer_settings(
+    flush_interval_s: float, flush_rows: int, max_pending_rows: int, compact_parts: int, compact_rows: int
+) -> None:
+    """``ValueError`` on a writer setting that cannot work (e.g. ``flush_interval_s=0`` busy-loops)."""
+    check_setting("flush_interval_s", flush_interval_s, above=0)
+    check_setting("flush_rows", flush_rows, least=1, integer=True)
+    check_setting("max_pending_rows", max_pending_rows, least=1, integer=True)
+    check_setting("compact_rows", compact_rows, least=1, integer=True)
+    if compact_parts != 0:
+        check_setting("compact_parts (0 turns compaction off)", compact_parts, least=2, integer=True)
 
 
 _ARROW_TYPES = {
@@ -119,6 +146,7 @@ class ParquetStreamWriter:
         compact_parts: int = 32,
         compact_rows: int = 1_000_000,
     ) -> None:
+        check_writer_settings(flush_interval_s, flush_rows, max_pending_rows, compact_parts, compact_rows)
         self.run_dir = Path(run_dir)
         self.rank = rank
         self.flush_interval_s = flush_interval_s
