@@ -39,7 +39,15 @@ from torch import Tensor, nn
 from sorl_monitor import __version__
 from sorl_monitor.integrations.names import guess_family, map_metrics
 from sorl_monitor.metrics import TURN_COLUMNS, module_norms, update_metrics
-from sorl_monitor.schema import KEYS, RUN_FILE, SCHEMA_VERSION, SEVERITIES, check_run_id, column_name
+from sorl_monitor.schema import (
+    KEYS,
+    RUN_FILE,
+    SCHEMA_VERSION,
+    SEVERITIES,
+    check_run_id,
+    column_name,
+    metric_column,
+)
 from sorl_monitor.writer import (
     ParquetStreamWriter,
     WriterStats,
@@ -296,7 +304,7 @@ class Monitor:
         # one flat tensor: scalars | tensor extras | module grad/param norms | turn block | sample ids
         scalar_names = list(metrics.scalars)
         pieces = [torch.stack(list(metrics.scalars.values())).to(dtype)]
-        tensor_extras = {column_name(k): v for k, v in extra.items() if isinstance(v, Tensor)}
+        tensor_extras = {metric_column(column_name(k)): v for k, v in extra.items() if isinstance(v, Tensor)}
         if tensor_extras:
             pieces.append(
                 torch.stack([v.detach().reshape(()).to(device, dtype) for v in tensor_extras.values()])
@@ -339,7 +347,7 @@ class Monitor:
         ids = host[offset:] if sample_ids is not None else None
         for name, value in extra.items():
             if not isinstance(value, Tensor):
-                row[column_name(name)] = value
+                row[metric_column(column_name(name))] = value
 
         if log_turns:
             self._submit_turns(keys, block, ids)
@@ -365,8 +373,9 @@ class Monitor:
         ``names``: ``"auto"`` maps with the table of the trainer family guessed from the keys
         (``names.guess_family``; the first call whose keys name one fixes ``trainer_family`` for the run);
         a family (``"trl"``, ``"verl"``, … ``names.NAME_TABLES``) or a ``{trainer name: column}`` mapping
-        forces a table; ``None`` maps nothing. Unmapped names become snake_case columns; values that are
-        not scalars (lists, multi-element tensors) are left out.
+        forces a table; ``None`` maps nothing. Unmapped names become snake_case columns; a name that becomes
+        a key column's is stored as ``metric_<key>`` (``schema.metric_column``); values that are not scalars
+        (lists, multi-element tensors) are left out.
         """
         if not self.enabled or self._closed:
             return
@@ -376,7 +385,7 @@ class Monitor:
                     self.trainer_family = guess_family(scalars)
                 names = self.trainer_family
             row: dict[str, Any] = self._keys(step, iteration, ppo_epoch, minibatch, policy_lag)
-            row.update(map_metrics(scalars, names))
+            row.update((metric_column(k), v) for k, v in map_metrics(scalars, names).items())
             self._finish_step(row)
         except Exception as error:  # noqa: BLE001
             self._fail("log_scalars", error)

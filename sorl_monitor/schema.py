@@ -135,6 +135,12 @@ def column_name(name: str) -> str:
     return cleaned or "unnamed"
 
 
+def metric_column(column: str) -> str:
+    """The column a logged metric goes to: its own, or ``metric_<column>`` where that is a key's
+    (``step``, ``run_id``, ``rank``, …), so a metric named ``Step`` or ``Run ID`` never overwrites a row's keys."""
+    return f"metric_{column}" if column in KEYS else column
+
+
 def conform(table: str, data: pa.Table) -> pa.Table:
     """Every known column (null where absent) cast to its schema type, in order; extra columns follow, sorted.
 

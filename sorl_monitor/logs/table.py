@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sorl_monitor.integrations.names import guess_family, map_metrics, scalar
+from sorl_monitor.schema import metric_column
 
 STEP_COLUMNS = (
     "step",
@@ -232,7 +233,7 @@ def foreign_run(
 
     Metric columns are renamed through ``map_metrics`` with ``family`` (``"auto"``: guessed from their
     names, after ``without_trainer_prefix``; a format that is one trainer's own, like verl's file
-    logger, gives its family); columns
+    logger, gives its family); a metric whose column is a key's is kept as ``metric_<key>``; columns
     in ``DROPPED_COLUMNS``, columns that are all null and non-scalar columns are left out;
     integers become floats (as ``Monitor.log_scalars`` stores them), booleans and text stay.
     """
@@ -259,7 +260,7 @@ def foreign_run(
         values = wide.column(by_name[mapped_name])
         if pa.types.is_integer(values.type) or pa.types.is_null(values.type):
             values = values.cast(pa.float64())
-        columns.setdefault(column, values)
+        columns.setdefault(metric_column(column), values)
     run_info = {"status": "imported", "format": fmt, "source": str(source), **(info or {})}
     return ForeignRun(name, source, fmt, family, run_info, pa.table(columns))
 
