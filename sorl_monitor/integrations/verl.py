@@ -4,8 +4,9 @@
     ``verl.trainer.ppo.core_algos.register_policy_loss`` (``register_monitored_loss``). It calls the
     wrapped loss (``vanilla`` by default) unchanged and logs token- and turn-level metrics from
     ``old_log_prob``, ``log_prob``, ``advantages`` and ``response_mask`` (turns = contiguous runs of 1
-    in ``response_mask``: verl's agent loop marks LLM tokens 1 and tool/observation tokens 0). It runs
-    in each actor worker, so every rank writes its own partition. The richest path.
+    in ``response_mask``: verl's agent loop marks LLM tokens 1 and tool/observation tokens 0), one row
+    per optimizer update (the micro-batches between two optimizer steps). It runs in each actor
+    worker, so every rank writes its own partition. The richest path.
 (b) ``SorlTracking``: a tracking backend (``log(data, step)``, ``finish()``) for verl's ``Tracking``;
     every ``data`` dict becomes one ``steps`` row, names mapped with the ``verl`` name table. verl's trainer
     builds its ``Tracking`` inside ``fit()`` from a fixed list of backends, so ``install_tracking_backend``
@@ -13,8 +14,9 @@
 (c) ``ingest_verl_jsonl``: reads verl's ``file`` logger output (``{"step": N, "data": {...}}`` per
     line), optionally following the file as it grows (``sorl ingest FILE [--follow]``).
 
-Signatures looked up in verl's source: ``PolicyLossFn`` and ``register_policy_loss`` in
-``verl/trainer/ppo/core_algos.py``; the actor calls the loss with keywords (``dp_actor.update_policy``).
+Signatures looked up in verl 0.9.1's source: ``PolicyLossFn`` and ``register_policy_loss`` in
+``verl/trainer/ppo/core_algos.py``; the engine workers call the loss with keywords once per micro-batch
+(``workers/utils/losses.py`` ``ppo_loss``), ``engine.train_batch`` steps the optimizer once per mini-batch.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils.hooks import RemovableHandle
 
 from sorl_monitor.integrations.batches import TokenBatch, concat_batches, log_batch
 from sorl_monitor.integrations.names import TAP_MEASURED, map_metrics, names_for
@@ -70,29 +74,26 @@ def config_dict(config: Any) -> dict[str, Any]:
     return {"config": str(config)}
 
 
-def micro_batches_per_update(config: Any) -> int:
-    """Micro-batches verl accumulates per optimizer step: ``ppo_mini_batch_size // ppo_micro_batch_size_per_gpu``.
-
-    As ``dp_actor`` computes ``gradient_accumulation``; 1 with ``use_dynamic_bsz`` (the count then varies).
-    """
-    mini = config_value(config, "ppo_mini_batch_size")
-    micro = config_value(config, "ppo_micro_batch_size_per_gpu")
-    if config_value(config, "use_dynamic_bsz", False) or not mini or not micro:
-        return 1
-    return max(1, int(mini) // int(micro))
-
-
 class MonitoredPolicyLoss:
     """A verl policy loss that calls ``wrapped`` and logs one ``steps`` row per optimizer update.
+
+    verl calls the loss once per micro-batch; the micro-batches of one optimizer update are those
+    between two optimizer steps, whatever their number (it varies with ``use_dynamic_bsz``). The
+    wrapper keeps each micro-batch's tensors, detached, and a process-wide optimizer step hook
+    (``torch.optim.optimizer.register_optimizer_step_post_hook``) writes them as one row at
+    ``step`` = 1, 2, … (updates done by this rank, as transformers numbers its steps).
 
     Args:
         wrapped: the loss to call: a registered verl loss name (looked up at the first call) or a
             function with verl's policy-loss signature.
         log_dir, run_name, monitor_kwargs: the ``Monitor`` built at the first call, in the worker
             (``clip_eps``/``clip_eps_high`` default to the config's ``clip_ratio_low``/``clip_ratio_high``).
-        accumulate: micro-batches per update; default ``micro_batches_per_update(config)``.
+        accumulate: group a fixed number of micro-batches per row instead of following optimizer steps.
         monitor: log here instead of building one.
     """
+
+    max_buffered = 1024
+    """Micro-batches kept before a row is written without an optimizer step (bounds memory)."""
 
     def __init__(
         self,
@@ -110,7 +111,9 @@ class MonitoredPolicyLoss:
         self.accumulate = accumulate
         self.monitor = monitor
         self.monitor_kwargs = monitor_kwargs
+        self.updates = 0
         self._batches: list[TokenBatch] = []
+        self._hook: RemovableHandle | None = None
         self._warned = False
 
     def __call__(
@@ -135,20 +138,26 @@ class MonitoredPolicyLoss:
         try:
             self._record(old_log_prob, log_prob, advantages, response_mask, config, pg_loss, pg_metrics)
         except Exception as error:  # noqa: BLE001 - monitoring must never break the update
-            if not self._warned:
-                self._warned = True
-                warnings.warn(
-                    f"sorl-monitor verl loss tap failed ({type(error).__name__}: {error}); training goes on",
-                    MonitorWarning,
-                    stacklevel=2,
-                )
+            self._warn(error)
         return pg_loss, pg_metrics
 
     def close(self) -> None:
-        """Log a partly accumulated update and close the monitor."""
+        """Log a partly gathered update, stop following optimizer steps and close the monitor."""
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
         if self.monitor is not None:
             self._write()
             self.monitor.close()
+
+    def _warn(self, error: Exception) -> None:
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"sorl-monitor verl loss tap failed ({type(error).__name__}: {error}); training goes on",
+                MonitorWarning,
+                stacklevel=3,
+            )
 
     def _loss_fn(self) -> Callable[..., tuple[torch.Tensor, dict[str, Any]]]:
         if isinstance(self.wrapped, str):
@@ -179,8 +188,8 @@ class MonitoredPolicyLoss:
     ) -> None:
         if self.monitor is None:
             self.monitor = self._start(config)
-        if self.accumulate is None:
-            self.accumulate = micro_batches_per_update(config)
+        if self.accumulate is None and self._hook is None:
+            self._hook = register_optimizer_step_post_hook(self._on_optimizer_step)
         metrics = map_metrics(pg_metrics, "verl")
         metrics["pg_loss"] = float(pg_loss.detach())
         self._batches.append(
@@ -192,8 +201,15 @@ class MonitoredPolicyLoss:
                 metrics={k: v for k, v in metrics.items() if isinstance(v, float)},
             )
         )
-        if len(self._batches) >= self.accumulate:
+        if len(self._batches) >= (self.accumulate or self.max_buffered):
             self._write()
+
+    def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """After any optimizer step in this process: the micro-batches gathered so far were one update."""
+        try:
+            self._write()
+        except Exception as error:  # noqa: BLE001 - runs inside optimizer.step()
+            self._warn(error)
 
     def _write(self) -> None:
         batches, self._batches = self._batches, []
@@ -201,7 +217,8 @@ class MonitoredPolicyLoss:
             return
         batch = concat_batches(batches)
         extra = {k: v for k, v in batch.metrics.items() if k not in TAP_MEASURED}
-        log_batch(self.monitor, batch, step=None, extra=extra)
+        self.updates += 1
+        log_batch(self.monitor, batch, step=self.updates, extra=extra)
 
 
 def register_monitored_loss(
@@ -245,7 +262,11 @@ class SorlTracking:
             warnings.warn(f"sorl-monitor: cannot log verl metrics ({error})", MonitorWarning, stacklevel=2)
 
     def finish(self) -> None:
-        self.monitor.close()
+        """Close the run (idempotent; never raises)."""
+        try:
+            self.monitor.close()
+        except Exception as error:  # noqa: BLE001
+            warnings.warn(f"sorl-monitor: cannot close the run ({error})", MonitorWarning, stacklevel=2)
 
 
 def safe_run_name(text: str, default: str = "verl") -> str:
@@ -281,8 +302,17 @@ def install_tracking_backend(log_dir: str | os.PathLike[str] = "runs", run_name:
         except Exception as error:  # noqa: BLE001 - never stop verl from starting
             warnings.warn(f"sorl-monitor: no sorl tracking backend ({error})", MonitorWarning, stacklevel=2)
 
+    original_finish = getattr(Tracking, "finish", None)
+
+    def finish(self: Any, *args: Any, **kwargs: Any) -> Any:
+        backend = getattr(self, "logger", {}).get("sorl")
+        if backend is not None:  # verl ≥ 0.9 finishes only the backends it knows by name
+            backend.finish()
+        return original_finish(self, *args, **kwargs) if original_finish is not None else None
+
     init.sorl_backend = True  # type: ignore[attr-defined]
     Tracking.__init__ = init
+    Tracking.finish = finish
 
 
 # ---------------------------------------------------------------------- (c) file-logger output

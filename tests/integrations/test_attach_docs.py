@@ -16,7 +16,7 @@ from cli.main import app
 from sorl_monitor import Monitor
 from sorl_monitor.query import open_runs
 from tests.integrations.test_verl_logs import record
-from tests.integrations.test_verl_loss import call_as_verl_actor, micro_batch
+from tests.integrations.test_verl_loss import call_as_verl_actor, micro_batch, optimizer_step
 from tests.integrations.tiny import TokenSequences, char_tokenizer, save_tiny_qwen2, tiny_qwen2
 from tests.integrations.verl_reference import ActorConfigStandIn
 from tests.reliability.test_nonfinite import NanAfterTwoSteps
@@ -90,10 +90,12 @@ def test_verl_loss_snippet_registers_a_loss_verls_actor_can_call(tmp_path, verl_
     from verl.trainer.ppo.core_algos import get_policy_loss_fn
 
     loss = get_policy_loss_fn("sorl")
-    for seed in range(4):  # two optimizer steps of two micro-batches
-        call_as_verl_actor(loss, micro_batch(seed, 10), ActorConfigStandIn())
+    for update in range(2):  # two optimizer steps of two micro-batches
+        for seed in (2 * update, 2 * update + 1):
+            call_as_verl_actor(loss, micro_batch(seed, 10), ActorConfigStandIn())
+        optimizer_step()
     loss.close()
-    assert [r["step"] for r in steps(tmp_path / "runs" / "exp1-actor")] == [0, 1]
+    assert [r["step"] for r in steps(tmp_path / "runs" / "exp1-actor")] == [1, 2]
 
 
 def test_verl_tracking_snippet_adds_the_backend(tmp_path, verl_modules_installed):
@@ -105,7 +107,7 @@ def test_verl_tracking_snippet_adds_the_backend(tmp_path, verl_modules_installed
     later = Tracking("proj", "exp2", default_backend=[])
     later.log(data={"critic/score/mean": 0.5}, step=1)
     namespace["tracking"].logger["sorl"].finish()
-    later.logger["sorl"].finish()
+    later.finish()  # a Tracking's finish closes the sorl backend too
     assert steps(tmp_path / "runs" / "exp1-driver")[0]["clip_frac_active"] == 0.25
     assert steps(tmp_path / "runs" / "exp2")[0]["reward_mean"] == 0.5
 

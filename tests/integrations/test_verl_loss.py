@@ -1,4 +1,5 @@
-"""The verl policy-loss wrapper, called as verl's actor calls a registered loss (verl need not be installed)."""
+"""The verl policy-loss wrapper, called as verl's engine calls a registered loss (verl need not be installed;
+``make test-verl`` runs them against verl 0.9)."""
 
 from __future__ import annotations
 
@@ -57,31 +58,51 @@ def test_the_wrapped_loss_and_its_metrics_come_back_unchanged(tmp_path):
     assert torch.equal(got_loss, want_loss) and got_metrics == want_metrics
 
 
-def test_micro_batches_of_one_optimizer_step_become_one_row(tmp_path):
+def optimizer_step() -> None:
+    """One optimizer step, as verl's engine takes after a mini-batch's micro-batches."""
+    parameter = torch.nn.Parameter(torch.zeros(1))
+    parameter.grad = torch.zeros(1)
+    torch.optim.SGD([parameter], lr=0.1).step()
+
+
+@pytest.mark.parametrize("counts", [[2, 2, 2], [3, 1, 2]], ids=["fixed", "dynamic"])
+def test_the_micro_batches_between_two_optimizer_steps_become_one_row(tmp_path, counts):
     config = ActorConfigStandIn(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2)
     loss = MonitoredPolicyLoss(
         compute_policy_loss_vanilla, log_dir=tmp_path, run_name="acc", flush_interval_s=0.05
     )
-    batches = [micro_batch(seed, length) for seed, length in enumerate([10, 14, 12, 10, 14, 12])]
-    for batch in batches:
-        call_as_verl_actor(loss, batch, config)
+    lengths = iter([10, 14, 12, 10, 14, 12])
+    updates = []
+    for seed, count in enumerate(counts):
+        updates.append([micro_batch(10 * seed + i, next(lengths)) for i in range(count)])
+        for batch in updates[-1]:
+            call_as_verl_actor(loss, batch, config)
+        optimizer_step()
     loss.close()
     steps = rows(
         tmp_path,
         "SELECT step, n_tokens, clip_frac_active, kl_old_k1, dual_clip_frac FROM steps ORDER BY step",
     )
-    assert [r["step"] for r in steps] == [0, 1, 2]
-    for row, pair in zip(steps, zip(batches[::2], batches[1::2], strict=True), strict=True):
-        width = max(b["log_prob"].shape[1] for b in pair)
-        joined = {k: torch.cat([F.pad(b[k], (0, width - b[k].shape[1])) for b in pair]) for k in pair[0]}
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    for row, update in zip(steps, updates, strict=True):
+        width = max(b["log_prob"].shape[1] for b in update)
+        joined = {k: torch.cat([F.pad(b[k], (0, width - b[k].shape[1])) for b in update]) for k in update[0]}
         _, whole = compute_policy_loss_vanilla(**joined, config=config)
-        assert row["n_tokens"] == sum(b["response_mask"].sum().item() for b in pair)
+        assert row["n_tokens"] == sum(b["response_mask"].sum().item() for b in update)
         assert row["clip_frac_active"] == pytest.approx(whole["actor/pg_clipfrac"], abs=1e-6)
         assert row["kl_old_k1"] == pytest.approx(whole["actor/ppo_kl"], abs=1e-6)
         per_micro = [
-            compute_policy_loss_vanilla(**b, config=config)[1]["actor/pg_clipfrac_lower"] for b in pair
+            compute_policy_loss_vanilla(**b, config=config)[1]["actor/pg_clipfrac_lower"] for b in update
         ]
-        assert row["dual_clip_frac"] == pytest.approx(sum(per_micro) / 2)
+        assert row["dual_clip_frac"] == pytest.approx(sum(per_micro) / len(per_micro))
+
+
+def test_close_stops_following_optimizer_steps(tmp_path):
+    loss = MonitoredPolicyLoss(compute_policy_loss_vanilla, log_dir=tmp_path, run_name="closed")
+    call_as_verl_actor(loss, micro_batch(0, 10), ActorConfigStandIn())
+    loss.close()
+    optimizer_step()
+    assert loss.updates == 1 and loss._hook is None
 
 
 def test_synthetic_dual_clip_fraction_counts_ratios_above_clip_ratio_c_on_negative_advantages(tmp_path):
@@ -124,15 +145,6 @@ def test_clip_bounds_come_from_the_actor_config(tmp_path):
     assert row == {"clip_frac_low": 0.25, "clip_frac_high": 0.25}
 
 
-def test_dynamic_batch_size_logs_each_micro_batch_as_its_own_update(tmp_path):
-    config = ActorConfigStandIn(use_dynamic_bsz=True, ppo_micro_batch_size_per_gpu=None)
-    loss = MonitoredPolicyLoss(compute_policy_loss_vanilla, log_dir=tmp_path, run_name="dyn")
-    for seed in range(3):
-        call_as_verl_actor(loss, micro_batch(seed, 10), config)
-    loss.close()
-    assert len(rows(tmp_path, "SELECT step FROM steps")) == 3
-
-
 def test_a_tap_failure_warns_once_and_the_loss_still_comes_back(tmp_path):
     def per_sample_loss(
         old_log_prob,
@@ -154,20 +166,30 @@ def test_a_tap_failure_warns_once_and_the_loss_still_comes_back(tmp_path):
 
 
 def test_registered_with_real_verl_when_it_is_installed(tmp_path):
-    pytest.importorskip(
-        "verl", reason="verl is not installed (optional; the tests above use verl's signature)"
-    )
+    pytest.importorskip("verl", reason="verl is not installed (make test-verl runs these against verl 0.9)")
+    from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla as verl_vanilla
     from verl.trainer.ppo.core_algos import get_policy_loss_fn
     from verl.workers.config import ActorConfig
 
-    registered = register_monitored_loss(
-        "sorl_test", "vanilla", log_dir=tmp_path, run_name="real", accumulate=1
-    )
+    assert tuple(inspect.signature(verl_vanilla).parameters) == VERL_LOSS_PARAMETERS
+    registered = register_monitored_loss("sorl_test", "vanilla", log_dir=tmp_path, run_name="real")
     assert get_policy_loss_fn("sorl_test") is registered
-    config = ActorConfig(strategy="fsdp", ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2)
-    call_as_verl_actor(get_policy_loss_fn("sorl_test"), micro_batch(0, 10), config)
+    config = ActorConfig(
+        strategy="fsdp",
+        ppo_mini_batch_size=4,
+        ppo_micro_batch_size_per_gpu=2,
+        rollout_n=2,
+        clip_ratio_high=0.28,
+    )
+    for seed in range(3):
+        batch = micro_batch(seed, 10)
+        got, got_metrics = call_as_verl_actor(get_policy_loss_fn("sorl_test"), batch, config)
+        want, want_metrics = call_as_verl_actor(verl_vanilla, batch, config)
+        assert torch.equal(got, want) and got_metrics == want_metrics
+    optimizer_step()
     registered.close()
-    assert rows(tmp_path, "SELECT count(*) AS n FROM steps") == [{"n": 1}]
+    row = rows(tmp_path, "SELECT step, n_tokens FROM steps")
+    assert row == [{"step": 1, "n_tokens": 3 * 2 * sum(TURN_PATTERN)}]
 
 
 def test_register_monitored_loss_puts_the_wrapper_in_verls_registry(tmp_path, verl_modules_installed):
@@ -175,9 +197,10 @@ def test_register_monitored_loss_puts_the_wrapper_in_verls_registry(tmp_path, ve
 
     registered = register_monitored_loss("sorl_registry_test", "vanilla", log_dir=tmp_path, run_name="reg")
     assert get_policy_loss_fn("sorl_registry_test") is registered
-    for seed in range(2):  # one optimizer step of 2 micro-batches (mini 4 / micro 2)
+    for seed in range(2):  # one optimizer step of 2 micro-batches
         call_as_verl_actor(
             get_policy_loss_fn("sorl_registry_test"), micro_batch(seed, 10), ActorConfigStandIn()
         )
+    optimizer_step()
     registered.close()
     assert rows(tmp_path, "SELECT count(*) AS n FROM steps") == [{"n": 1}]

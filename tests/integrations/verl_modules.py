@@ -51,6 +51,9 @@ def _tracking() -> types.ModuleType:
                 if backend is None or default_backend in backend:
                     logger_instance.log(data=data, step=step)
 
+        def finish(self, exit_code=0):
+            """Like verl 0.9's: it finishes only the backends it knows by name, so not a "sorl" one."""
+
     module.Tracking = Tracking
     return module
 
@@ -69,4 +72,5 @@ def install(monkeypatch: pytest.MonkeyPatch) -> None:
         for name, module in modules.items():
             monkeypatch.setitem(sys.modules, name, module)
     tracking = sys.modules.get("verl.utils.tracking") or importlib.import_module("verl.utils.tracking")
-    monkeypatch.setattr(tracking.Tracking, "__init__", tracking.Tracking.__init__)  # restored after the test
+    for name in ("__init__", "finish"):  # restored after the test
+        monkeypatch.setattr(tracking.Tracking, name, getattr(tracking.Tracking, name))
