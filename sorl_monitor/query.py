@@ -10,8 +10,10 @@ status ``imported`` and no ``turns``, ``modules`` or ``alerts`` rows. ``refresh(
 when a file of it changed size or modification time.
 
 Part files are listed explicitly (their footers checked once and cached), so a corrupt file is
-skipped with a warning naming it, and a file being written is never read (writers ``os.replace``
-finished parts into place). ``refresh()`` picks up parts and runs written since. User SQL is
+skipped with a warning naming it (``skipped_parts()`` lists each with the reason), and a file being
+written is never read (writers ``os.replace`` finished parts into place). ``refresh()`` picks up parts
+and runs written since; ``read_new()`` reads only the parts of a run's table a reader has not read yet
+(what the dashboard and ``sorl watch`` do on every refresh). User SQL is
 read-only: only ``SELECT``/``EXPLAIN`` statements run, on a connection whose file access is locked
 to the opened folders (no ``COPY``, ``ATTACH``, ``INSTALL``, or reads elsewhere).
 """
@@ -89,6 +91,10 @@ def ctrl_c_is_keyboard_interrupt(func: Callable[..., T]) -> Callable[..., T]:
     return wrapper
 
 
+READ_PARTS_SQL = "SELECT * FROM read_parquet($files, union_by_name = true)"
+"""Whole rows of the parts ``$files`` (``read_new``'s default reader)."""
+
+
 class QueryError(Exception):
     """A user-facing problem with a query or the runs it reads (bad path, bad SQL, refused statement)."""
 
@@ -155,6 +161,36 @@ class _ForeignLog:
 
 
 @dataclass(frozen=True)
+class SkippedPart:
+    """A part file left out of every view and read because it does not read."""
+
+    path: str
+    reason: str
+    """The reader's error, first line."""
+
+    @property
+    def table(self) -> str:
+        """``steps``, ``turns``, ``modules`` or ``alerts`` (``<run>/<table>/rank=R/part-…``)."""
+        return Path(self.path).parts[-3]
+
+
+@dataclass
+class PartsRead:
+    """The parts of one table of one run that a reader has taken in (``RunSet.read_new`` keeps it)."""
+
+    files: set[str] = dataclasses.field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class NewRows:
+    """What ``RunSet.read_new`` read: the rows of parts not read before (``None``: no new part)."""
+
+    rows: pa.Table | None
+    reset: bool
+    """The writer compacted parts already read: what was read before is void, ``rows`` hold the whole table."""
+
+
+@dataclass(frozen=True)
 class _PartCheck:
     size: int
     mtime_ns: int
@@ -186,7 +222,9 @@ class RunSet:
                 "see docs/logs.md)"
             )
         self._checked: dict[str, _PartCheck] = {}
+        self._skipped: dict[str, str] = {}
         self._files: dict[str, tuple[str, ...]] = {}
+        self._run_paths: dict[str, str] = {}
         self._lock = threading.RLock()
         self.con = duckdb.connect(config={"threads": max(1, os.cpu_count() or 1)})
         folders = {p.resolve() for p in self.roots if p.is_dir()}
@@ -264,19 +302,103 @@ class RunSet:
                     continue
                 cached = self._checked.get(key)
                 if cached is None or (cached.size, cached.mtime_ns) != (stat.st_size, stat.st_mtime_ns):
-                    cached = _PartCheck(stat.st_size, stat.st_mtime_ns, self._footer_ok(path))
+                    cached = _PartCheck(stat.st_size, stat.st_mtime_ns, self._footer_ok(key))
                     self._checked[key] = cached
                 if cached.ok:
                     yield key
 
-    @staticmethod
-    def _footer_ok(path: Path) -> bool:
+    def _footer_ok(self, path: str) -> bool:
         try:
             pq.read_metadata(path)
-            return True
         except Exception as error:  # noqa: BLE001 - any unreadable file is skipped, loudly
-            warnings.warn(f"skipping unreadable part {path}: {error}", CorruptPartWarning, stacklevel=4)
+            self._skip(path, error)
             return False
+        self._skipped.pop(path, None)
+        return True
+
+    def _skip(self, path: str, error: BaseException) -> None:
+        """Leave the part ``path`` out from now on, with a warning and an entry in ``skipped_parts``."""
+        self._skipped[path] = _first_line(error)
+        warnings.warn(f"skipping unreadable part {path}: {error}", CorruptPartWarning, stacklevel=5)
+
+    def skipped_parts(self, run_id: str | None = None) -> list[SkippedPart]:
+        """The part files left out because they do not read (of ``run_id`` only, if given), by path."""
+        with self._lock:
+            prefix = None if run_id is None else self._run_paths.get(run_id, "\0") + os.sep
+            return [
+                SkippedPart(path, reason)
+                for path, reason in sorted(self._skipped.items())
+                if (prefix is None or path.startswith(prefix)) and os.path.exists(path)
+            ]
+
+    def run_files(self, run_id: str, table: str) -> list[str]:
+        """The readable part files of one table of one Parquet run, as last listed (``refresh``)."""
+        with self._lock:
+            run_path = self._run_paths.get(run_id)
+            if run_path is None:
+                return []
+            prefix = os.path.join(run_path, table) + os.sep
+            return [f for f in self._files.get(table, ()) if f.startswith(prefix)]
+
+    @ctrl_c_is_keyboard_interrupt
+    def read_new(self, run_id: str, table: str, seen: PartsRead, sql: str = READ_PARTS_SQL) -> NewRows:
+        """Read the parts of ``table`` of ``run_id`` that ``seen`` has not taken in, with ``sql`` (a query
+        over ``read_parquet($files, …)``), and add them to ``seen``.
+
+        Finished parts never change, so each is read once. Once the writer has compacted parts already
+        read, every part of the table is read again (``reset``). A part that does not read is left out and
+        listed in ``skipped_parts``; a part compacted away while it was read makes the listing refresh and
+        the read start again. Parts written since the last ``refresh()`` wait for the next one.
+        """
+        for _attempt in range(READ_ATTEMPTS):
+            with self._lock:
+                listed = self.run_files(run_id, table)
+                cursor = self.con.cursor()
+            reset = not seen.files <= set(listed)
+            new = [f for f in listed if reset or f not in seen.files]
+            try:
+                rows = self._read_parts(cursor, sql, new) if new else None
+            except duckdb.InterruptException:
+                raise
+            except duckdb.Error:
+                if not all(os.path.exists(f) for f in new):
+                    self.refresh()
+                    continue
+                rows, new = self._read_each(cursor, sql, new)
+            finally:
+                cursor.close()
+            if reset:
+                seen.files.clear()
+            seen.files.update(new)
+            return NewRows(rows, reset)
+        raise QueryError(f"the {table} parts of run {run_id!r} kept changing while being read; try again")
+
+    @staticmethod
+    def _read_parts(cursor: duckdb.DuckDBPyConnection, sql: str, files: list[str]) -> pa.Table:
+        return cursor.sql(sql, params={"files": files}).to_arrow_table()
+
+    def _read_each(
+        self, cursor: duckdb.DuckDBPyConnection, sql: str, files: list[str]
+    ) -> tuple[pa.Table | None, list[str]]:
+        """Read ``files`` one by one, leaving out (``_skip``) those that do not read; the rows and the files read."""
+        tables, read = [], []
+        for path in files:
+            try:
+                tables.append(self._read_parts(cursor, sql, [path]))
+                read.append(path)
+            except duckdb.InterruptException:
+                raise
+            except duckdb.Error as error:
+                if os.path.exists(path):
+                    with self._lock:
+                        self._skip(path, error)
+                        check = self._checked.get(path)
+                        if check is not None:
+                            self._checked[path] = dataclasses.replace(check, ok=False)
+        if len(read) < len(files):
+            self.refresh()
+        rows = pa.concat_tables(tables, promote_options="permissive") if tables else None
+        return rows, read
 
     def _create_view(self, table: str, files: tuple[str, ...]) -> None:
         foreign = table == "steps" and bool(self.foreign)
@@ -343,6 +465,7 @@ class RunSet:
                     "last_write": _source_last_write(run.source),
                 }
             )
+        self._run_paths = {row["run_id"]: row["path"] for row in rows[: len(self.run_dirs)]}
         self._store_table("runs", pa.Table.from_pylist(rows, schema=RUN_COLUMNS))
 
     # ------------------------------------------------------------------ queries
@@ -401,9 +524,7 @@ class RunSet:
                 try:
                     pq.read_table(key)
                 except Exception as error:  # noqa: BLE001 - any unreadable file is skipped, loudly
-                    warnings.warn(
-                        f"skipping unreadable part {key}: {error}", CorruptPartWarning, stacklevel=4
-                    )
+                    self._skip(key, error)
                     self._checked[key] = dataclasses.replace(check, ok=False)
                     found = True
                     continue
