@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from sorl_monitor.logs import FORMATS
 from sorl_monitor.query import QueryError, RunSet, open_runs
@@ -63,31 +64,69 @@ def open_or_fail(paths: str | list[str], fmt: LogFormat | str | None = None) -> 
         fail(str(error))
 
 
-def _cell(value: Any) -> str:
+def _cell(value: Any) -> Text:
+    """A value as a table cell, its text shown as it is (``[/INST]`` is not rich markup)."""
     if value is None:
-        return ""
+        return Text("")
     if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        return f"{value:.6g}"
-    return str(value)
+        return Text("nan" if math.isnan(value) else f"{value:.6g}")
+    return Text(str(value))
+
+
+def _values(column: pa.ChunkedArray) -> list[Any]:
+    """A column as Python values; as text where Python has no such value (a date past year 9999)."""
+    try:
+        return column.to_pylist()
+    except (OverflowError, ValueError, pa.ArrowException):
+        return column.cast(pa.string()).to_pylist()
+
+
+def _text(value: Any) -> str | None:
+    """A value as CSV text: lists and dicts as JSON, anything else as ``str``."""
+    if value is None:
+        return None
+    return json.dumps(value, default=str) if isinstance(value, list | dict) else str(value)
+
+
+def _write_csv(data: pa.Table) -> bytes:
+    buffer = io.BytesIO()
+    pacsv.write_csv(data, buffer)
+    return buffer.getvalue()
+
+
+def _csv(data: pa.Table) -> bytes:
+    """``data`` as CSV; a column the CSV writer cannot write (an interval, a list, a struct, binary that is
+    not UTF-8) is written as text."""
+    try:
+        return _write_csv(data)
+    except pa.ArrowException:
+        pass
+    columns = []
+    for column in data.columns:
+        try:
+            _write_csv(pa.table({"column": column}))
+        except pa.ArrowException:
+            column = pa.array([_text(v) for v in _values(column)], pa.string())
+        columns.append(column)
+    return _write_csv(pa.Table.from_arrays(columns, names=data.column_names))
 
 
 def print_table(data: pa.Table, fmt: str = "table", title: str | None = None, max_rows: int = 200) -> None:
-    """Print an Arrow table as a rich table, CSV or JSON (one object per row)."""
+    """Print an Arrow table as a rich table, CSV or JSON (one object per row); any column type, text as it is."""
     if fmt == "csv":
-        buffer = io.BytesIO()
-        pacsv.write_csv(data, buffer)
-        typer.echo(buffer.getvalue().decode(), nl=False)
+        typer.echo(_csv(data).decode(), nl=False)
         return
     if fmt == "json":
-        typer.echo(json.dumps(data.to_pylist(), default=str, allow_nan=True))
+        columns = [_values(column) for column in data.columns]
+        rows = [dict(zip(data.column_names, values, strict=True)) for values in zip(*columns, strict=True)]
+        typer.echo(json.dumps(rows, default=str, allow_nan=True))
         return
-    table = Table(title=title, show_lines=False, header_style="bold")
+    table = Table(title=None if title is None else Text(title), show_lines=False, header_style="bold")
     for name in data.column_names:
-        table.add_column(name, overflow="fold")
-    for row in data.slice(0, max_rows).to_pylist():
-        table.add_row(*(_cell(v) for v in row.values()))
+        table.add_column(Text(name), overflow="fold")
+    shown = data.slice(0, max_rows)
+    for values in zip(*(_values(column) for column in shown.columns), strict=True):
+        table.add_row(*(_cell(v) for v in values))
     console.print(table)
     if data.num_rows > max_rows:
         console.print(f"… {data.num_rows - max_rows} more rows (use --csv or --json for all)")

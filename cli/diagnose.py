@@ -19,7 +19,7 @@ from sorl_monitor.detectors import DetectorConfig, detect, load_config
 from sorl_monitor.postmortem import Verdict, label_collapse
 from sorl_monitor.postmortem import postmortem as run_postmortem
 from sorl_monitor.query import RunSet
-from sorl_monitor.report import alert_onsets, logged_steps, write_report
+from sorl_monitor.report import alert_onsets, build_report, logged_steps
 
 EXIT_HEALTHY = 0
 """``sorl postmortem``: healthy, no collapse labelled (alerts may still be listed as notes)."""
@@ -154,8 +154,13 @@ def report(
         fail(f"--html must name a file, not the folder {html_path}")
     with open_or_fail(runs, fmt) as run_set:
         run_ids = _run_ids(run_set)
-        count = write_report(run_set, run_ids, html_path, config)
-    console.print(f"wrote {html_path} ({len(run_ids)} runs, {count} figures)")
+        page, count = build_report(run_set, run_ids, config)
+    try:
+        html_path.parent.mkdir(parents=True, exist_ok=True)
+        html_path.write_text(page, encoding="utf-8")
+    except OSError as error:
+        fail(f"cannot write {html_path}: {error.strerror or error}")
+    console.print(f"wrote {html_path} ({len(run_ids)} runs, {count} figures)", highlight=False)
 
 
 COMPARE_SQL = """
