@@ -114,7 +114,7 @@ def ingest_lines(
     position = 0
     line_number = 0
     idle_since = time.monotonic()
-    pending = b""
+    pending: list[bytes] = []  # the chunks of the line being read
     held: tuple[int, dict[str, Any]] | None = None
 
     def write(step: int, data: Mapping[str, Any]) -> None:
@@ -127,13 +127,17 @@ def ingest_lines(
         while True:
             if Path(path).stat().st_size < position:  # truncated and rewritten: start over
                 handle.seek(0)
-                position, line_number, pending = 0, 0, b""
+                position, line_number, pending = 0, 0, []
             chunk = handle.read(1 << 20)
             position += len(chunk)
-            pending += chunk
-            *lines, pending = pending.split(b"\n")
-            if not follow and not chunk and pending.strip():
-                lines, pending = [pending], b""  # the last line has no newline: it is complete
+            *lines, tail = chunk.split(b"\n")
+            if lines:  # a line's chunks are joined once, when its end arrives: linear in its length
+                lines[0] = b"".join([*pending, lines[0]])
+                pending = []
+            if tail:
+                pending.append(tail)
+            if not follow and not chunk and pending:
+                lines, pending = [b"".join(pending)], []  # the last line has no newline: it is complete
             for line in lines:
                 line_number += 1
                 if not line.strip():
