@@ -20,7 +20,8 @@ from sorl_monitor.monitor import Monitor
 
 @dataclass
 class TokenBatch:
-    """One micro-batch as the loss saw it: ``(B, T)`` log-probs and mask, advantages ``(B,)`` or ``(B, T)``.
+    """One micro-batch as the loss saw it: ``(B, T)`` log-probs and mask, advantages ``(B,)`` or ``(B, T)``,
+    episode ``rewards`` ``(B,)`` where the trainer has them (they fill the ``turns`` table's ``reward``).
 
     ``iteration`` (rollout batch), ``ppo_epoch`` (reuse pass), ``minibatch`` (update inside the pass) and
     ``policy_lag`` (updates since the behaviour policy sampled) are the ``steps`` keys of its update.
@@ -32,6 +33,7 @@ class TokenBatch:
     advantages: Tensor | None = None
     entropy: Tensor | None = None
     ref_logp: Tensor | None = None
+    rewards: Tensor | None = None
     iteration: int | None = None
     ppo_epoch: int = 0
     minibatch: int = 0
@@ -76,6 +78,7 @@ def concat_batches(batches: Sequence[TokenBatch]) -> TokenBatch:
         advantages=_stack([b.advantages for b in batches], length),
         entropy=_stack([b.entropy for b in batches], length),
         ref_logp=_stack([b.ref_logp for b in batches], length),
+        rewards=_stack([b.rewards for b in batches], length),
         iteration=first.iteration,
         ppo_epoch=first.ppo_epoch,
         minibatch=first.minibatch,
@@ -100,6 +103,7 @@ def log_batch(
         advantages=batch.advantages,
         entropy=batch.entropy,
         ref_logp=batch.ref_logp,
+        rewards=batch.rewards,
         grad_norm=grad_norm,
         step=step,
         iteration=batch.iteration,

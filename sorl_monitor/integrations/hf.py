@@ -7,7 +7,8 @@
 Every optimizer update becomes one ``steps`` row at ``step = state.global_step`` (1-based, as the
 trainer logs it), holding what the trainer logged for that step (names mapped by ``names.map_metrics``
 with the ``trl`` table, which covers transformers' too; unknown keys kept as extra columns) and, with the TRL tap
-(``integrations.trl``), the update's token- and turn-level metrics. Per-module gradient norms are read
+(``integrations.trl``), the update's token- and turn-level metrics (a tap may set ``clip_bounds``, the
+trust region the monitor measures with, and ``update_columns``, columns it computes over each update). Per-module gradient norms are read
 from the model in ``on_pre_optimizer_step`` (after the trainer clipped them) and rescaled to the
 pre-clip ``grad_norm`` the trainer logs, so they are written on logged steps. ``run.json`` gets the
 trainer's arguments. A ``detect`` function, run over the recent ``steps`` window after each row, can
@@ -115,6 +116,10 @@ class SorlCallback(TrainerCallback):
         self._module_params: list[list[torch.nn.Parameter]] = []
         self._clips = True
         self._warned: set[str] = set()
+        self.clip_bounds: tuple[float, float] | None = None
+        """A tap's trust region ``(ε_low, ε_high)``, given to the monitor at train start."""
+        self.update_columns: Callable[[TokenBatch], Mapping[str, Any]] | None = None
+        """A tap's columns of one update, computed over its batch; they win over the trainer's logs."""
 
     # ------------------------------------------------------------------ what the TRL tap feeds in
     def add_update(self, step: int, batch: TokenBatch) -> None:
@@ -135,6 +140,8 @@ class SorlCallback(TrainerCallback):
                 self.monitor = Monitor(self.log_dir, enabled=False)
                 self.warn_once("start", f"cannot start a run in {self.log_dir} ({error}); monitoring is off")
                 return
+        if self.clip_bounds is not None:
+            self.monitor.clip_eps, self.monitor.clip_eps_high = self.clip_bounds
         info: dict[str, Any] = {"trainer_args": args.to_dict(), "trainer_args_class": type(args).__name__}
         if model is not None and hasattr(model, "config") and hasattr(model.config, "to_dict"):
             info["model_config"] = model.config.to_dict()
@@ -212,6 +219,9 @@ class SorlCallback(TrainerCallback):
             batch = concat_batches(pending.updates)
             grad_norm = columns.pop("grad_norm", None)
             extra = {k: v for k, v in columns.items() if k not in TAP_MEASURED}
+            extra.update(batch.metrics)
+            if self.update_columns is not None:
+                extra.update(self.update_columns(batch))
             log_batch(
                 self.monitor,
                 batch,

@@ -10,8 +10,13 @@ from datasets import Dataset  # noqa: E402
 from trl import GRPOConfig  # noqa: E402
 
 from sorl_monitor import Monitor  # noqa: E402
-from sorl_monitor.integrations.batches import log_batch  # noqa: E402
-from sorl_monitor.integrations.trl import MonitoredGRPOTrainer, tapped_batch, update_keys  # noqa: E402
+from sorl_monitor.integrations.batches import TokenBatch, log_batch  # noqa: E402
+from sorl_monitor.integrations.trl import (  # noqa: E402
+    MonitoredGRPOTrainer,
+    clip_region,
+    tapped_batch,
+    update_keys,
+)
 from sorl_monitor.query import open_runs  # noqa: E402
 from tests.integrations.tiny import char_tokenizer, save_tiny_qwen2  # noqa: E402
 
@@ -21,14 +26,13 @@ NUM_ITERATIONS = 2
 MAX_STEPS = 4
 
 
-def count_a(completions, **kwargs):
-    return [float(text.count("a")) for text in completions]
+def char_code_reward(completions, **kwargs):
+    """A reward that differs between completions, so groups have spread and advantages are not all zero."""
+    return [float(sum(map(ord, text)) % 7) for text in completions]
 
 
-@pytest.fixture(scope="module")
-def grpo_run(tmp_path_factory):
-    """Train 4 updates: one generation batch, reused over 2 passes of 2 minibatches (so ratios move off 1)."""
-    root = tmp_path_factory.mktemp("grpo")
+def train(root, **settings):
+    """A tiny GRPO run of ``MAX_STEPS`` updates: one generation batch, 2 passes of 2 minibatches."""
     model_dir = save_tiny_qwen2(root / "model")
     args = GRPOConfig(
         output_dir=str(root / "out"),
@@ -39,19 +43,17 @@ def grpo_run(tmp_path_factory):
         steps_per_generation=STEPS_PER_GENERATION,
         num_iterations=NUM_ITERATIONS,
         max_completion_length=8,
-        beta=0.04,
-        use_bias_correction_kl=False,
-        learning_rate=1e-2,
         report_to=[],
         use_cpu=True,
         save_strategy="no",
         disable_tqdm=True,
+        **settings,
     )
     data = Dataset.from_dict({"prompt": ["abc", "hello", "xyz 1", "count 2"] * 4})
     trainer = MonitoredGRPOTrainer(
         model=str(model_dir),
         processing_class=char_tokenizer(),
-        reward_funcs=count_a,
+        reward_funcs=char_code_reward,
         args=args,
         train_dataset=data,
         monitor=Monitor(root / "runs", "grpo", algorithm="grpo"),
@@ -60,10 +62,39 @@ def grpo_run(tmp_path_factory):
     history = {entry["step"]: entry for entry in trainer.state.log_history if "loss" in entry}
     with open_runs(root / "runs") as runs:
         steps = {row["step"]: row for row in runs.sql("SELECT * FROM steps").to_pylist()}
-        turns = runs.sql(
-            "SELECT step, count(*) AS n, sum(n_tokens) AS tokens FROM turns GROUP BY step"
-        ).to_pylist()
+        turns = runs.sql("SELECT * FROM turns ORDER BY step, sample_id, turn_idx").to_pylist()
+    return trainer, history, steps, turns
+
+
+@pytest.fixture(scope="module")
+def grpo_run(tmp_path_factory):
+    """Token-level GRPO with a KL term; the generation batch is reused, so ratios move off 1."""
+    _, history, steps, turns = train(
+        tmp_path_factory.mktemp("grpo"), beta=0.04, use_bias_correction_kl=False, learning_rate=1e-2
+    )
+    per_step = {}
+    for row in turns:
+        per_step.setdefault(row["step"], []).append(row["n_tokens"])
+    turns = [{"step": step, "n": len(sizes), "tokens": sum(sizes)} for step, sizes in per_step.items()]
     return history, steps, turns
+
+
+CLIP_SETTINGS = {
+    "dapo": {"loss_type": "dapo", "epsilon": 0.1, "epsilon_high": 0.28},
+    "gspo": {
+        "loss_type": "grpo",
+        "importance_sampling_level": "sequence",
+        "epsilon": 3e-3,
+        "epsilon_high": 4e-3,
+    },
+}
+
+
+@pytest.fixture(scope="module", params=sorted(CLIP_SETTINGS))
+def clip_run(request, tmp_path_factory):
+    """A run with clip bounds other than 0.2 (DAPO's), or sequence-level importance sampling (GSPO)."""
+    settings = CLIP_SETTINGS[request.param]
+    return request.param, train(tmp_path_factory.mktemp(request.param), learning_rate=5e-2, **settings)
 
 
 @pytest.mark.slow
@@ -143,3 +174,48 @@ def test_synthetic_tool_mask_splits_a_completion_into_turns(tmp_path):
     assert [(r["sample_id"], r["turn_idx"], r["n_tokens"]) for r in rows] == [
         (0, 0, 3), (0, 1, 2), (0, 2, 2), (1, 0, 6)
     ]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_clip_fractions_use_trls_bounds_and_level_and_agree_with_trls_own(clip_run):
+    name, (trainer, history, steps, _) = clip_run
+    settings = CLIP_SETTINGS[name]
+    monitor = trainer.sorl_callback.monitor
+    assert (monitor.clip_eps, monitor.clip_eps_high) == (settings["epsilon"], settings["epsilon_high"])
+    for step, row in steps.items():
+        for side in ("region", "low", "high"):
+            column = "clip_frac_active" if side == "region" else f"clip_frac_active_{side}"
+            assert row[column] == pytest.approx(history[step][f"clip_ratio/{side}_mean"], abs=1e-6), (
+                step,
+                side,
+            )
+    assert max(row["clip_frac_active"] for row in steps.values()) > 0  # the check compares something
+
+
+@pytest.mark.slow
+def test_every_row_carries_its_generation_batchs_reward_and_each_turn_its_episodes(clip_run):
+    _, (trainer, history, steps, turns) = clip_run
+    generation = list(trainer._logs["rewards"]["char_code_reward"])  # the one generation batch, in order
+    groups = torch.tensor(generation).view(-1, GENERATIONS)
+    for row in steps.values():
+        assert row["reward_mean"] == pytest.approx(history[1]["reward"])
+        assert row["reward_std"] == pytest.approx(history[1]["reward_std"])
+        assert row["group_reward_std"] == pytest.approx(groups.std(dim=1, unbiased=False).mean().item())
+        assert row["zero_std_group_frac"] == pytest.approx(history[1]["frac_reward_zero_std"])
+    first_pass = [t["reward"] for t in turns if steps[t["step"]]["ppo_epoch"] == 0]
+    assert sorted(first_pass) == sorted(generation)
+
+
+def test_sequence_level_clipping_counts_sequences_whose_mean_ratio_leaves_the_region():
+    batch = TokenBatch(
+        logp=torch.log(torch.tensor([[1.5, 1.5, 1.0], [0.5, 2.0, 1.0], [0.5, 0.5, 1.0]])),
+        old_logp=torch.zeros(3, 3),
+        mask=torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0], [1.0, 1.0, 1.0]]),
+        advantages=torch.tensor([1.0, 1.0, -1.0]),
+    )
+    token = clip_region(batch, 0.2, 0.2, "token", "grpo")
+    sequence = clip_region(batch, 0.2, 0.2, "sequence", "grpo")
+    assert token["clip_frac_active"].item() == pytest.approx(5 / 7)  # 1.5, 1.5, 2.0 high; 0.5, 0.5 low
+    # sequence ratios exp(mean log r): 1.5 (high, A>0), 1.0 (inside), 0.63 (low, A<0)
+    assert sequence["clip_frac_active"].item() == pytest.approx(2 / 3)
+    assert clip_region(batch, 0.2, 0.2, "token", "cispo")["clip_frac_active"] is None
