@@ -24,6 +24,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -138,16 +139,56 @@ def find_foreign_logs(paths: Sequence[Path], fmt: str | None = None) -> list[Log
     return list(dict.fromkeys(sources))
 
 
+def _is_int64(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63
+
+
+_INTEGER_TEXT = re.compile(r"^[+-]?[0-9]{1,19}$")
+RUN_FIELDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "run_id": ("text", lambda value: isinstance(value, str)),
+    "algorithm": ("text", lambda value: isinstance(value, str)),
+    "seed": ("a 64-bit integer or text", lambda value: _is_int64(value) or isinstance(value, str)),
+    "status": ("text", lambda value: isinstance(value, str)),
+    "created_at": ("text", lambda value: isinstance(value, str)),
+    "finished_at": ("text", lambda value: isinstance(value, str)),
+    "schema_version": ("a 64-bit integer", _is_int64),
+    "world_size": ("a 64-bit integer", _is_int64),
+    "config": ("an object", lambda value: isinstance(value, dict)),
+}
+"""The ``run.json`` fields the ``runs`` view reads, what each must be, and its check (docs/schema.md)."""
+
+
 def read_run_info(run_dir: Path) -> dict[str, Any]:
-    """``run.json`` of a run (or what can be inferred without it), plus its path and last write time."""
-    info: dict[str, Any] = {}
+    """``run.json`` of a run (or what can be inferred without it), plus its path.
+
+    A field of another type than ``RUN_FIELDS`` says (``{"seed": 2**64}``, ``{"status": 5}``) is read as
+    null, and a file that is not a JSON object as empty, each with a warning naming the file: one bad
+    ``run.json`` never stops the other runs from being read. A seed stored as text is read as its integer
+    where it fits 64 bits, else as null.
+    """
+    path = run_dir / RUN_FILE
+    info: Any = {}
     try:
-        info = json.loads((run_dir / RUN_FILE).read_text())
+        info = json.loads(path.read_text())
     except FileNotFoundError:
         pass
-    except (OSError, ValueError) as error:
-        warnings.warn(f"unreadable {run_dir / RUN_FILE}: {error}", CorruptPartWarning, stacklevel=2)
-    info.setdefault("run_id", run_dir.name)
+    except (OSError, ValueError, RecursionError) as error:
+        warnings.warn(f"unreadable {path}: {_first_line(error)}", CorruptPartWarning, stacklevel=2)
+    if not isinstance(info, dict):
+        warnings.warn(f"{path} is not a JSON object; read as empty", CorruptPartWarning, stacklevel=2)
+        info = {}
+    for name, (expected, valid) in RUN_FIELDS.items():
+        value = info.get(name)
+        if value is not None and not valid(value):
+            shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+            warnings.warn(
+                f"{path}: {name} is {shown}, not {expected}; read as null", CorruptPartWarning, stacklevel=2
+            )
+            info[name] = None
+    if isinstance(info.get("seed"), str):
+        seed = info["seed"].strip()
+        info["seed"] = int(seed) if _INTEGER_TEXT.match(seed) and _is_int64(int(seed)) else None
+    info["run_id"] = info.get("run_id") or run_dir.name
     info["path"] = str(run_dir)
     return info
 
@@ -437,18 +478,19 @@ class RunSet:
         rows = []
         for run_dir in self.run_dirs:
             info = read_run_info(run_dir)
+            config = info.get("config", {})
             rows.append(
                 {
-                    "run_id": str(info.get("run_id")),
+                    "run_id": info["run_id"],
                     "path": info["path"],
                     "algorithm": info.get("algorithm"),
-                    "seed": info.get("seed") if isinstance(info.get("seed"), int) else None,
-                    "status": info.get("status", "unknown"),
+                    "seed": info.get("seed"),
+                    "status": info.get("status") or "unknown",
                     "created_at": info.get("created_at"),
                     "finished_at": info.get("finished_at"),
                     "schema_version": info.get("schema_version"),
                     "world_size": info.get("world_size"),
-                    "config": json.dumps(info.get("config", {}), sort_keys=True, default=str),
+                    "config": None if config is None else json.dumps(config, sort_keys=True, default=str),
                     "last_write": _last_write(run_dir),
                 }
             )
