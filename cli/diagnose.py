@@ -16,6 +16,7 @@ import typer
 
 from cli.common import RUN_PATH_HELP, LogFormatOption, console, fail, open_or_fail, print_table, user_errors
 from sorl_monitor.detectors import DetectorConfig, detect, load_config
+from sorl_monitor.notify import Notifier, alert_text, collapse_text
 from sorl_monitor.postmortem import Verdict, label_collapse
 from sorl_monitor.postmortem import postmortem as run_postmortem
 from sorl_monitor.query import RunSet
@@ -230,12 +231,35 @@ def watch(
     config_file: ConfigOption = None,
     set_: SetOption = None,
     fmt: LogFormatOption = None,
+    notify: Annotated[
+        str | None,
+        typer.Option(
+            "--notify", help="Also post each event to this webhook URL (Slack- or Discord-compatible)."
+        ),
+    ] = None,
 ) -> None:
     """Follow a live run and print alerts as they start (and CTN switches, and a labelled collapse).
 
     Stops on Ctrl-C, after --max-seconds, or when the run is marked finished or failed.
     """
     config = _config(config_file, set_)
+    notifier = Notifier(notify) if notify else None
+    try:
+        _watch(run, run_id, interval, max_seconds, config, fmt, notifier)
+    finally:
+        if notifier is not None:
+            notifier.close()
+
+
+def _watch(
+    run: str,
+    run_id: str | None,
+    interval: float,
+    max_seconds: float | None,
+    config: DetectorConfig,
+    fmt: LogFormatOption,
+    notifier: Notifier | None,
+) -> None:
     started = time.monotonic()
     with open_or_fail(run, fmt) as run_set:
         run_id = pick_run(run_set, run, run_id)
@@ -255,7 +279,7 @@ def watch(
                     {"run_id": run_id},
                 ).to_pylist()
                 events = [
-                    (r["step"], r["detector"], r["severity"], _alert_line(r))
+                    (r["step"], r["detector"], r["severity"], _alert_line(r), alert_text(run_id, r))
                     for r in alert_onsets(alerts, logged_steps(run_set, run_id), config.smooth_steps)
                 ]
                 events += [
@@ -264,19 +288,26 @@ def watch(
                         a["action"],
                         "action",
                         f"step {a['step']:>7}  [cyan]{a['action']:<8}[/] {a['message']}",
+                        alert_text(run_id, {"kind": "action", "detector": a["action"], **a}),
                     )
                     for a in actions
                 ]
-                for step, name, kind, line in sorted(events):
+                for step, name, kind, line, text in sorted(events):
                     if (step, name, kind) not in printed:
                         printed.add((step, name, kind))
                         console.print(line, highlight=False)
+                        if notifier is not None:
+                            notifier.send(text)
                 label = label_collapse(run_set, config, run_id).to_pylist()
                 if not collapse_shown and label and label[0]["collapse_step"] is not None:
                     collapse_shown = True
                     console.print(
                         f"[bold red]collapse[/] at step {label[0]['collapse_step']} ({label[0]['collapse_reason']})"
                     )
+                    if notifier is not None:
+                        notifier.send(
+                            collapse_text(run_id, label[0]["collapse_step"], label[0]["collapse_reason"])
+                        )
                 if status and status[0]["status"] in ("finished", "failed"):
                     console.print(f"run {run_id} is {status[0]['status']}")
                     return

@@ -39,6 +39,7 @@ from torch import Tensor, nn
 from sorl_monitor import __version__
 from sorl_monitor.integrations.names import guess_family, map_metrics
 from sorl_monitor.metrics import TURN_COLUMNS, module_norms, update_metrics
+from sorl_monitor.notify import Notifier
 from sorl_monitor.schema import (
     KEYS,
     RUN_FILE,
@@ -94,6 +95,17 @@ def _key(name: str, value: Any, bits: int) -> int:
     return number
 
 
+def storable_seed(seed: int | None) -> int | None:
+    """``seed`` as a signed 64-bit int, which every run.json reader takes (``None`` if it is not a seed).
+
+    torch's seeds run to 2⁶⁴ − 1; one ≥ 2⁶³ is stored as its two's complement ``seed − 2⁶⁴``, which
+    ``torch.manual_seed`` maps back to the same seed.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or not -(2**63) <= seed < 2**64:
+        return None
+    return int(seed) - 2**64 if seed >= 2**63 else int(seed)
+
+
 def _distributed_rank() -> tuple[int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
@@ -122,7 +134,8 @@ class Monitor:
         log_dir: folder that holds runs; this run goes to ``<log_dir>/<run_id>/``.
         run_name: the run id (a safe folder name); default ``<date>-<time>[-<algorithm>]-<hex>``.
         config: the trainer's hyper-parameters, stored in ``run.json``.
-        algorithm, seed: stored in ``run.json`` (and used in the default run id).
+        algorithm: stored in ``run.json`` (and used in the default run id).
+        seed: stored in ``run.json`` (``storable_seed``); default ``torch.initial_seed()``.
         clip_eps, clip_eps_high: PPO's trust region ``[1 − ε_low, 1 + ε_high]`` for clip fractions.
         flush_interval_s, flush_rows, max_pending_rows: the writer's flush cadence and queue bound (rows).
             Settings that cannot work (``flush_interval_s <= 0``, ``window < 1``, …) raise ``ValueError``.
@@ -131,6 +144,8 @@ class Monitor:
         compact: merge small part files into ``part-A-B.parquet`` as they pile up and at close.
         rank, world_size: default from ``torch.distributed`` (or ``RANK``/``WORLD_SIZE``).
         enabled: ``False`` turns every call into a no-op (e.g. to measure overhead).
+        notify: a webhook URL (or a ``notify.Notifier``): rank 0 posts alert onsets, guard actions and an
+            end of the run other than ``finished`` there, from a background thread.
     """
 
     def __init__(
@@ -152,6 +167,7 @@ class Monitor:
         rank: int | None = None,
         world_size: int | None = None,
         enabled: bool = True,
+        notify: str | Notifier | None = None,
     ) -> None:
         check_writer_settings(flush_interval_s, flush_rows, max_pending_rows, 32 if compact else 0, 1)
         check_setting("max_turn_rows", max_turn_rows, least=0, integer=True)
@@ -182,7 +198,7 @@ class Monitor:
         self._meta: dict[str, Any] = {
             "run_id": self.run_id,
             "algorithm": algorithm,
-            "seed": seed,
+            "seed": storable_seed(torch.initial_seed() if seed is None else seed),
             "config": dict(config or {}),
             "schema_version": SCHEMA_VERSION,
             "status": "running",
@@ -197,6 +213,7 @@ class Monitor:
             },
         }
         self._writer: ParquetStreamWriter | None = None
+        self.notifier = (Notifier(notify) if isinstance(notify, str) else notify) if self.rank == 0 else None
         if not enabled:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -435,6 +452,8 @@ class Monitor:
             row.update(kind=kind, detector=detector, severity=severity, value=float(value),
                        threshold=float(threshold), message=message)  # fmt: skip
             self._writer_submit("alerts", [row], 1)
+            if self.notifier is not None:
+                self.notifier.alert(self.run_id, row)
         except Exception as error:  # noqa: BLE001
             self._fail("log_alert", error)
 
@@ -483,6 +502,10 @@ class Monitor:
             finished_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             last_step=self._step,
         )
+        if self.notifier is not None:
+            if status != "finished":
+                self.notifier.send(f"[sorl] {self.run_id} ended {status} at step {self._step}")
+            self.notifier.close()
         atexit.unregister(self._close_at_exit)
 
     def __enter__(self) -> Monitor:

@@ -147,3 +147,17 @@ def test_alerts_are_validated_and_written(tmp_path):
     with open_runs(tmp_path / "al") as runs:
         alerts = runs.sql("SELECT step, detector, severity, kind FROM alerts").to_pylist()
     assert alerts == [{"step": 3, "detector": "clip_rise", "severity": "critical", "kind": "alert"}]
+
+
+def test_a_user_built_monitor_records_torchs_seed_in_a_form_every_reader_takes(tmp_path):
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(2**64 - 5)  # torch's seeds run to 2^64 - 1: past int64
+        Monitor(tmp_path, "unseeded").close()
+        stored = json.loads((tmp_path / "unseeded" / "run.json").read_text())["seed"]
+        assert stored == -5  # two's complement, which torch maps back to the same seed
+        torch.manual_seed(stored)
+        assert torch.initial_seed() == 2**64 - 5
+    Monitor(tmp_path, "seeded", seed=7).close()
+    with open_runs(tmp_path) as runs:
+        seeds = runs.sql("SELECT run_id, seed FROM runs ORDER BY run_id").to_pylist()
+    assert seeds == [{"run_id": "seeded", "seed": 7}, {"run_id": "unseeded", "seed": -5}]

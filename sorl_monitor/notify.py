@@ -1,0 +1,184 @@
+"""Alerts out: post alert onsets, CTN switches and collapse verdicts to a chat webhook.
+
+    mon = Monitor("runs", notify="https://hooks.slack.com/services/…")   # or a Discord webhook URL
+    sorl watch runs/exp1 --notify https://discord.com/api/webhooks/…
+
+Each event is one HTTP POST of ``{"text": …, "content": …}``: Slack's incoming webhooks read ``text``,
+Discord's read ``content``, and each ignores the other. Posting never blocks or fails training: events
+go into a bounded queue (a full queue drops the event, counted in ``dropped``) that one background
+thread sends, at most one post per ``min_interval_s``, each with a ``timeout_s``; a failed post is
+counted in ``errors`` and warned about once. ``close()`` sends what is queued, waiting ``timeout_s`` at
+most per post.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import sys
+import threading
+import time
+import urllib.request
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+ALERT_SEVERITIES = ("warning", "critical")
+"""Alert severities that are posted (``info`` alerts are not)."""
+
+
+class NotifyWarning(RuntimeWarning):
+    """A webhook post failed; training goes on."""
+
+
+def message_payload(text: str) -> bytes:
+    """The JSON body of one post: Slack's ``text`` and Discord's ``content`` (Discord allows 2000 characters)."""
+    return json.dumps({"text": text, "content": text[:2000]}).encode()
+
+
+def alert_text(run_id: str, alert: Mapping[str, Any]) -> str:
+    """One line for an ``alerts`` row: a detector firing or a guard action (CTN on/off, stop)."""
+    step = alert.get("step")
+    if alert.get("kind") == "action":
+        return f"[sorl] {run_id} step {step}: {alert.get('detector')}: {alert.get('message')}"
+    return (
+        f"[sorl] {run_id} step {step}: {str(alert.get('severity')).upper()} {alert.get('detector')}: "
+        f"{alert.get('message')}"
+    )
+
+
+def collapse_text(run_id: str, step: int | None, reason: str) -> str:
+    """One line for a collapse verdict."""
+    return f"[sorl] {run_id}: COLLAPSE at step {step} ({reason})"
+
+
+class OnsetFilter:
+    """Passes the first alert of each streak of a detector, and each escalation to critical.
+
+    A streak ends when the detector has not fired for more than ``gap_steps`` steps.
+    """
+
+    def __init__(self, gap_steps: int = 8) -> None:
+        self.gap_steps = gap_steps
+        self._last: dict[str, tuple[int, str]] = {}
+
+    def is_onset(self, detector: str, step: int, severity: str) -> bool:
+        previous = self._last.get(detector)
+        self._last[detector] = (step, severity)
+        if previous is None or step - previous[0] > self.gap_steps:
+            return True
+        return severity == "critical" and previous[1] != "critical"
+
+
+class Notifier:
+    """Posts text events to one webhook URL from a background thread (see the module docstring).
+
+    Args:
+        url: an ``http://`` or ``https://`` webhook URL (Slack, Discord, or anything taking that JSON).
+        min_interval_s: at least this long between two posts (rate limit).
+        timeout_s: per post.
+        max_queue: events waiting to be sent; more are dropped and counted.
+        gap_steps: an alert of a detector quiet for more than this many steps is a new onset.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        min_interval_s: float = 1.0,
+        timeout_s: float = 5.0,
+        max_queue: int = 100,
+        gap_steps: int = 8,
+    ) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"notify URL must start with http:// or https://, not {url[:40]!r}")
+        self.url = url
+        self.min_interval_s = min_interval_s
+        self.timeout_s = timeout_s
+        self.sent = 0
+        self.dropped = 0
+        self.errors = 0
+        self.onsets = OnsetFilter(gap_steps)
+        self._queue: queue.Queue[str | None] = queue.Queue(maxsize=max_queue)
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self._warned = False
+
+    def send(self, text: str) -> bool:
+        """Queue ``text`` for posting; ``False`` (and counted in ``dropped``) if the queue is full or closed."""
+        with self._lock:
+            if self._closed:
+                return False
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="sorl-notify", daemon=True)
+                self._thread.start()
+        try:
+            self._queue.put_nowait(text)
+            return True
+        except queue.Full:
+            self.dropped += 1
+            return False
+
+    def alert(self, run_id: str, alert: Mapping[str, Any]) -> bool:
+        """Queue an ``alerts`` row if it is a guard action or the onset of a warning or critical alert."""
+        if alert.get("kind") != "action":
+            severity = str(alert.get("severity"))
+            if severity not in ALERT_SEVERITIES or not self.onsets.is_onset(
+                str(alert.get("detector")), int(alert.get("step") or 0), severity
+            ):
+                return False
+        return self.send(alert_text(run_id, alert))
+
+    def close(self) -> None:
+        """Send what is queued (each post waits ``timeout_s`` at most), then stop the thread."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            thread = self._thread
+        if thread is None:
+            return
+        waiting = self._queue.qsize() + 1
+        deadline = waiting * (self.timeout_s + self.min_interval_s)
+        try:
+            self._queue.put(None, timeout=deadline)
+        except queue.Full:
+            return
+        thread.join(deadline)
+
+    def _run(self) -> None:
+        last_post = -float("inf")
+        while (text := self._queue.get()) is not None:
+            pause = last_post + self.min_interval_s - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+            last_post = time.monotonic()
+            try:
+                self._post(text)
+                self.sent += 1
+            except Exception as error:  # noqa: BLE001 - a webhook must never stop training
+                self.errors += 1
+                self._warn(error)
+
+    def _post(self, text: str) -> None:
+        request = urllib.request.Request(
+            self.url,
+            data=message_payload(text),
+            headers={"Content-Type": "application/json", "User-Agent": "sorl-monitor"},
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+            response.read(1024)
+
+    def _warn(self, error: Exception) -> None:
+        if self._warned:
+            return
+        self._warned = True
+        message = (
+            f"sorl-monitor: webhook post failed ({type(error).__name__}: {error}); later failures are counted"
+        )
+        try:
+            warnings.warn(message, NotifyWarning, stacklevel=2)
+        except Exception:  # noqa: BLE001 - e.g. python -W error: warnings become exceptions
+            print(message, file=sys.stderr)
