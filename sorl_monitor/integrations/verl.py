@@ -21,6 +21,7 @@ Signatures looked up in verl 0.9.1's source: ``PolicyLossFn`` and ``register_pol
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
 import json
@@ -64,13 +65,18 @@ def config_value(config: Any, name: str, default: Any = None) -> Any:
 
 
 def config_dict(config: Any) -> dict[str, Any]:
-    """A config as a plain dict for ``run.json`` (nested objects are written as text)."""
+    """A config as a plain dict for ``run.json`` (dataclass, mapping, pydantic model, argparse namespace;
+    anything else as text)."""
     if config is None:
         return {}
     if dataclasses.is_dataclass(config) and not isinstance(config, type):
         return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
     if isinstance(config, Mapping):
         return {str(k): config[k] for k in config}
+    if callable(getattr(config, "model_dump", None)):  # pydantic (prime-rl's configs)
+        return config.model_dump(mode="json")
+    if isinstance(config, argparse.Namespace):
+        return vars(config)
     return {"config": str(config)}
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import shlex
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,6 +17,7 @@ from typer.testing import CliRunner
 from cli.main import app
 from sorl_monitor import Monitor
 from sorl_monitor.query import open_runs
+from tests.integrations import trainer_hooks
 from tests.integrations.test_verl_logs import record
 from tests.integrations.test_verl_loss import call_as_verl_actor, micro_batch, optimizer_step
 from tests.integrations.tiny import TokenSequences, char_tokenizer, save_tiny_qwen2, tiny_qwen2
@@ -46,7 +49,10 @@ def trainer_args(tmp_path, **overrides) -> TrainingArguments:
 
 
 def test_every_marked_snippet_is_tested():
-    assert set(snippets()) == {"hf", "hf-stop", "trl", "verl-loss", "verl-tracking", "ingest-cli", "ranks"}
+    assert set(snippets()) == {
+        "hf", "hf-stop", "trl", "verl-loss", "verl-tracking", "ingest-cli", "openrlhf", "roll", "skyrl",
+        "prime-rl", "ranks",
+    }  # fmt: skip
 
 
 def test_hf_snippets_monitor_a_trainer_and_stop_it_on_a_critical_alert(tmp_path):
@@ -120,6 +126,58 @@ def test_ingest_commands_run_as_written(tmp_path):
         result = CliRunner().invoke(app, args[1:])
         assert result.exit_code == 0, result.output
     assert [r["step"] for r in steps(tmp_path / "runs" / "exp1")] == [1, 2, 3]
+
+
+@pytest.fixture
+def trainer_hooks_installed(monkeypatch):
+    trainer_hooks.install(monkeypatch)
+
+
+def test_openrlhf_snippet_adds_a_logger_to_openrlhfs_trainer(tmp_path, trainer_hooks_installed):
+    namespace: dict = {}
+    exec(snippets()["openrlhf"], namespace)
+    namespace["setup"]()  # what Ray's worker_process_setup_hook calls
+    from openrlhf.trainer.ppo_trainer import BasePPOTrainer
+
+    trainer = BasePPOTrainer({})
+    trainer.save_logs_and_checkpoints(1, {"ppo_clip_ratio": 0.125})
+    trainer.tensorboard_logger.close()
+    assert steps(tmp_path / "runs" / "exp1")[0]["clip_frac_active"] == 0.125
+
+
+def test_roll_snippet_registers_a_tracker_rolls_pipeline_can_build(tmp_path, trainer_hooks_installed):
+    exec(snippets()["roll"], {})
+    from roll.utils.tracking import create_tracker
+
+    tracker = create_tracker("sorl", {"exp_name": "exp1"}, log_dir="runs", run_name="exp1")
+    tracker.log(values={"actor/ppo_ratio_clipfrac@sum": 0.25}, step=1)
+    tracker.finish()
+    assert steps(tmp_path / "runs" / "exp1")[0]["actor_ppo_ratio_clipfrac"] == 0.25
+
+
+def test_skyrl_snippet_wraps_the_experiments_tracker(tmp_path, trainer_hooks_installed):
+    namespace: dict = {}
+    exec(snippets()["skyrl"], namespace)
+    cfg = SimpleNamespace(trainer=SimpleNamespace(run_name="sky1"))
+    tracker = namespace["MonitoredExp"](cfg).get_tracker()
+    tracker.log({"policy/loss": 0.5}, step=1, commit=True)
+    tracker.finish()
+    assert steps(tmp_path / "runs" / "sky1")[0]["policy_loss"] == 0.5
+
+
+def test_prime_rl_snippet_adds_a_monitor_to_prime_rls(tmp_path, trainer_hooks_installed, monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("DP_RANK", raising=False)
+    exec(snippets()["prime-rl"], {})
+    from prime_rl import monitors
+
+    async def trainer() -> None:
+        await monitors.setup(output_dir=tmp_path)
+        await monitors.log({"entropy/all/mean": 1.5}, step=1)
+        await monitors.finalize()
+
+    asyncio.run(trainer())
+    assert steps(tmp_path / "runs" / "exp1-trainer")[0]["entropy"] == 1.5
 
 
 def test_ranks_snippet_aggregates_a_two_rank_run(tmp_path):
