@@ -4,6 +4,7 @@
 - ``trl``: ``MonitoredGRPOTrainer`` / ``TokenTapMixin``, token and turn metrics from TRL's GRPO loss.
 - ``verl``: ``MonitoredPolicyLoss`` / ``register_monitored_loss``, ``SorlTracking`` /
   ``install_tracking_backend``, ``ingest_verl_jsonl``.
+- ``trackers``: adapters for the logging hooks of OpenRLHF, ROLL, SkyRL and prime-rl.
 - ``ranks``: one metric across ranks, and each rank's skew.
 - ``names``: the trainers' metric names → ``steps`` columns.
 """
