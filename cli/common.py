@@ -56,10 +56,12 @@ LogFormatOption = Annotated[
 RUN_PATH_HELP = "A run folder, a folder of runs, or another tool's log (file or folder; docs/logs.md)."
 
 
-def open_or_fail(paths: str | list[str], fmt: LogFormat | str | None = None) -> RunSet:
-    """``open_runs(paths, fmt)``, or ``error: …`` and exit 2."""
+def open_or_fail(
+    paths: str | list[str], fmt: LogFormat | str | None = None, *, memory_limit: str | None = None
+) -> RunSet:
+    """``open_runs(paths, fmt, memory_limit=…)``, or ``error: …`` and exit 2."""
     try:
-        return open_runs(paths, None if fmt is None else str(fmt))
+        return open_runs(paths, None if fmt is None else str(fmt), memory_limit=memory_limit)
     except QueryError as error:
         fail(str(error))
 
@@ -111,8 +113,22 @@ def _csv(data: pa.Table) -> bytes:
     return _write_csv(pa.Table.from_arrays(columns, names=data.column_names))
 
 
-def print_table(data: pa.Table, fmt: str = "table", title: str | None = None, max_rows: int = 200) -> None:
-    """Print an Arrow table as a rich table, CSV or JSON (one object per row); any column type, text as it is."""
+TABLE_ROWS = 200
+"""Rows a rich table shows (``--csv`` and ``--json`` print all)."""
+
+
+def print_table(
+    data: pa.Table,
+    fmt: str = "table",
+    title: str | None = None,
+    max_rows: int = TABLE_ROWS,
+    *,
+    complete: bool = True,
+) -> None:
+    """Print an Arrow table as a rich table, CSV or JSON (one object per row); any column type, text as it is.
+
+    ``complete=False``: ``data`` holds only the first rows of a result (its count past ``max_rows`` unknown).
+    """
     if fmt == "csv":
         typer.echo(_csv(data).decode(), nl=False)
         return
@@ -129,4 +145,5 @@ def print_table(data: pa.Table, fmt: str = "table", title: str | None = None, ma
         table.add_row(*(_cell(v) for v in values))
     console.print(table)
     if data.num_rows > max_rows:
-        console.print(f"… {data.num_rows - max_rows} more rows (use --csv or --json for all)")
+        more = f"{data.num_rows - max_rows} more rows" if complete else "more rows"
+        console.print(f"… {more} (use --csv or --json for all)")

@@ -6,8 +6,16 @@ from typing import Annotated
 
 import typer
 
-from cli.common import RUN_PATH_HELP, LogFormatOption, fail, open_or_fail, print_table, user_errors
-from sorl_monitor.query import metric_summary, run_overview
+from cli.common import (
+    RUN_PATH_HELP,
+    TABLE_ROWS,
+    LogFormatOption,
+    fail,
+    open_or_fail,
+    print_table,
+    user_errors,
+)
+from sorl_monitor.query import USER_SQL_TIMEOUT_S, metric_summary, run_overview
 
 RunPath = Annotated[str, typer.Argument(help=RUN_PATH_HELP)]
 CsvOption = Annotated[bool, typer.Option("--csv", help="Print CSV.")]
@@ -37,12 +45,23 @@ def query(
     csv: CsvOption = False,
     json_: JsonOption = False,
     fmt: LogFormatOption = None,
+    timeout: Annotated[
+        float, typer.Option("--timeout", min=0.001, help="Stop the query after this many seconds.")
+    ] = USER_SQL_TIMEOUT_S,
+    memory_limit: Annotated[
+        str | None,
+        typer.Option(
+            "--memory-limit", help="DuckDB's memory limit, e.g. 2GB (default: 1/4 of RAM, ≤ 8 GiB)."
+        ),
+    ] = None,
 ) -> None:
     """Run read-only SQL over the runs in PATH (views: runs, steps, turns, modules, alerts)."""
     output = output_format(csv, json_)
-    with open_or_fail(path, fmt) as run_set:
-        result = run_set.sql(sql)
-    print_table(result, output)
+    # a table shows TABLE_ROWS rows; one more fetched tells there are more
+    shown = None if output != "table" else TABLE_ROWS + 1
+    with open_or_fail(path, fmt, memory_limit=memory_limit) as run_set:
+        result = run_set.user_sql(sql, timeout_s=timeout, max_rows=shown)
+    print_table(result, output, max_rows=TABLE_ROWS, complete=shown is None)
 
 
 @user_errors

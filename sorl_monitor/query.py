@@ -15,19 +15,25 @@ written is never read (writers ``os.replace`` finished parts into place). ``refr
 and runs written since; ``read_new()`` reads only the parts of a run's table a reader has not read yet
 (what the dashboard and ``sorl watch`` do on every refresh). User SQL is
 read-only: only ``SELECT``/``EXPLAIN`` statements run, on a connection whose file access is locked
-to the opened folders (no ``COPY``, ``ATTACH``, ``INSTALL``, or reads elsewhere).
+to the opened folders (no ``COPY``, ``ATTACH``, ``INSTALL``, or reads elsewhere). A user's statement
+goes through ``user_sql``: its own cursor, no lock held, a time limit, at most ``max_rows`` rows, and
+DuckDB's ``memory_limit`` (spills go to a private scratch folder).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
 import os
 import re
+import shutil
+import tempfile
 import threading
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -48,6 +54,7 @@ from sorl_monitor.logs import (
 )
 from sorl_monitor.logs.table import unique_ids
 from sorl_monitor.schema import PART_GLOB, RUN_FILE, TABLES, conform, empty_table, visible_parts
+from sorl_monitor.writer import check_setting
 
 QUERY_MISTAKES = (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException)
 """Errors in the query itself; any other error may come from an unreadable part and triggers a full read."""
@@ -66,6 +73,22 @@ RUN_COLUMNS = pa.schema(
         pa.field("last_write", pa.float64()),
     ]
 )
+
+
+USER_SQL_TIMEOUT_S = 120.0
+"""Default time limit of a user's statement (``RunSet.user_sql``)."""
+RESULT_ERRORS = (duckdb.ConversionException, duckdb.OutOfRangeException)
+"""Errors in what a query computes (``to_timestamp`` out of range): reported, never retried."""
+
+
+def default_memory_limit() -> str:
+    """DuckDB's memory limit for a run set: a quarter of the machine's memory, at most 8 GiB (DuckDB's own
+    default, 80 %, leaves a training process on the same machine little)."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return "4GiB"
+    return f"{min(total // 4, 8 << 30) >> 20}MiB"
 
 
 T = TypeVar("T")
@@ -243,7 +266,11 @@ class RunSet:
     """Read-only DuckDB views over the runs found under ``paths`` (see module docstring)."""
 
     def __init__(
-        self, paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], fmt: str | None = None
+        self,
+        paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        fmt: str | None = None,
+        *,
+        memory_limit: str | None = None,
     ) -> None:
         self.roots = _as_paths(paths)
         try:
@@ -268,6 +295,21 @@ class RunSet:
         self._run_paths: dict[str, str] = {}
         self._lock = threading.RLock()
         self.con = duckdb.connect(config={"threads": max(1, os.cpu_count() or 1)})
+        self.memory_limit = memory_limit or default_memory_limit()
+        """DuckDB's memory limit (``4GiB``, ``500MB``): queries past it spill to a private scratch folder
+        (as large as the limit at most), then fail with a one-line ``QueryError``."""
+        self._scratch = tempfile.mkdtemp(prefix="sorl-query-")
+        weakref.finalize(self, shutil.rmtree, self._scratch, ignore_errors=True)
+        try:
+            for setting, value in [
+                ("memory_limit", self.memory_limit),
+                ("max_temp_directory_size", self.memory_limit),
+                ("temp_directory", self._scratch),  # DuckDB lets SQL read its temp folder (default ./.tmp)
+            ]:
+                self.con.execute(f"SET {setting} = $value", {"value": value})
+        except duckdb.Error as error:
+            self.con.close()
+            raise QueryError(f"bad memory limit {self.memory_limit!r}: {_first_line(error)}") from None
         folders = {p.resolve() for p in self.roots if p.is_dir()}
         allowed = sorted({str(p) for p in folders} | {str(p) for p in self.run_dirs})
         self.con.execute("SET allowed_directories = $dirs", {"dirs": allowed})
@@ -296,7 +338,8 @@ class RunSet:
                     if files == self._files.get(table) and not (table == "steps" and changed):
                         break
                     try:
-                        self._create_view(table, files)
+                        with self._swap():
+                            self._create_view(table, files)
                     except duckdb.IOException:  # a part compacted away between listing and binding
                         continue  # after 3 tries the view keeps its previous files until the next refresh
                     self._files[table] = files
@@ -460,6 +503,18 @@ class RunSet:
         else:
             self._store_table(table, empty_table(table))
 
+    @contextlib.contextmanager
+    def _swap(self) -> Iterator[None]:
+        """Replace views and tables in one transaction: a query on another cursor (``user_sql``, which holds
+        no lock) sees them before or after, never missing."""
+        self.con.begin()
+        try:
+            yield
+        except BaseException:
+            self.con.rollback()
+            raise
+        self.con.commit()
+
     def _drop(self, name: str) -> None:
         kinds = self.con.execute(
             "SELECT table_type FROM information_schema.tables WHERE table_name = $name", {"name": name}
@@ -508,28 +563,17 @@ class RunSet:
                 }
             )
         self._run_paths = {row["run_id"]: row["path"] for row in rows[: len(self.run_dirs)]}
-        self._store_table("runs", pa.Table.from_pylist(rows, schema=RUN_COLUMNS))
+        with self._swap():
+            self._store_table("runs", pa.Table.from_pylist(rows, schema=RUN_COLUMNS))
 
     # ------------------------------------------------------------------ queries
     @ctrl_c_is_keyboard_interrupt
     def sql(self, query: str, params: dict[str, Any] | None = None) -> pa.Table:
-        """Run read-only SQL over the views and return an Arrow table; ``QueryError`` on any problem."""
-        if not query or not query.strip():
-            raise QueryError("empty SQL")
-        try:
-            statements = duckdb.extract_statements(query)
-        except duckdb.Error as error:
-            raise QueryError(f"bad SQL: {_first_line(error)}") from None
-        if len(statements) != 1:
-            raise QueryError(f"give one statement, not {len(statements)}")
-        try:
-            kind = statement_kind(query)
-        except duckdb.Error as error:
-            raise QueryError(f"bad SQL: {_first_line(error)}") from None
-        if kind is not duckdb.StatementType.SELECT:
-            raise QueryError(
-                f"only read-only queries (SELECT, EXPLAIN) are allowed; refused a {kind.name} statement"
-            )
+        """Run read-only SQL over the views and return an Arrow table; ``QueryError`` on any problem.
+
+        For the package's own queries; a user's statement goes through ``user_sql`` (time limit, no lock).
+        """
+        check_read_only(query)
         with self._lock:
             for attempt in range(READ_ATTEMPTS):
                 try:
@@ -545,6 +589,72 @@ class RunSet:
                     if last or not (self.refresh() or self._skip_parts_that_do_not_read()):
                         raise QueryError(f"bad SQL: {_first_line(error)}") from None
             raise AssertionError("unreachable")
+
+    @ctrl_c_is_keyboard_interrupt
+    def user_sql(
+        self,
+        query: str,
+        params: dict[str, Any] | None = None,
+        *,
+        timeout_s: float = USER_SQL_TIMEOUT_S,
+        max_rows: int | None = None,
+    ) -> pa.Table:
+        """Run a user's read-only statement (``sorl query``, a dashboard's SQL box) and return an Arrow table.
+
+        It runs on a cursor of its own without holding the run set's lock (a ``refresh`` never waits for it),
+        is stopped after ``timeout_s`` seconds, is bounded by ``memory_limit``, and fetches at most
+        ``max_rows`` rows (ask for one more to learn whether there are more). Any problem, a time or memory
+        limit hit included, is a one-line ``QueryError``.
+        """
+        check_setting("timeout_s", timeout_s, above=0)
+        if max_rows is not None:
+            check_setting("max_rows", max_rows, least=0, integer=True)
+        check_read_only(query)
+        for attempt in range(READ_ATTEMPTS):
+            try:
+                return self._run_limited(query, params, timeout_s, max_rows)
+            except (*QUERY_MISTAKES, *RESULT_ERRORS) as error:
+                raise QueryError(f"bad SQL: {_first_line(error)}") from None
+            except duckdb.OutOfMemoryException:
+                raise QueryError(f"query stopped at its memory limit of {self.memory_limit}") from None
+            except duckdb.InterruptException:
+                raise
+            except duckdb.Error as error:  # as in ``sql``: a part compacted away or corrupt
+                with self._lock:
+                    retry = attempt < READ_ATTEMPTS - 1 and (
+                        self.refresh() or self._skip_parts_that_do_not_read()
+                    )
+                if not retry:
+                    raise QueryError(f"bad SQL: {_first_line(error)}") from None
+        raise AssertionError("unreachable")
+
+    def _run_limited(
+        self, query: str, params: dict[str, Any] | None, timeout_s: float, max_rows: int | None
+    ) -> pa.Table:
+        with self._lock:
+            cursor = self.con.cursor()
+        expired = threading.Event()
+
+        def stop() -> None:
+            expired.set()
+            with contextlib.suppress(duckdb.Error):
+                cursor.interrupt()
+
+        timer = threading.Timer(timeout_s, stop)
+        timer.daemon = True
+        timer.start()
+        try:
+            relation = cursor.sql(query, params=params or None)
+            if relation is None:
+                return pa.table({})
+            return (relation if max_rows is None else relation.limit(max_rows)).to_arrow_table()
+        except (duckdb.InterruptException, RuntimeError):
+            if expired.is_set():
+                raise QueryError(f"query stopped at its time limit of {timeout_s:g} s") from None
+            raise
+        finally:
+            timer.cancel()
+            cursor.close()
 
     def _run(self, query: str, params: dict[str, Any] | None) -> pa.Table:
         relation = self.con.cursor().sql(query, params=params or None)
@@ -587,6 +697,7 @@ class RunSet:
 
     def close(self) -> None:
         self.con.close()
+        shutil.rmtree(self._scratch, ignore_errors=True)
 
     def __enter__(self) -> RunSet:
         return self
@@ -596,10 +707,14 @@ class RunSet:
 
 
 def open_runs(
-    paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], fmt: str | None = None
+    paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    fmt: str | None = None,
+    *,
+    memory_limit: str | None = None,
 ) -> RunSet:
-    """Open runs for querying (see ``RunSet``); ``fmt`` forces a log format (``logs.FORMATS``)."""
-    return RunSet(paths, fmt)
+    """Open runs for querying (see ``RunSet``); ``fmt`` forces a log format (``logs.FORMATS``);
+    ``memory_limit`` bounds DuckDB's memory (default ``default_memory_limit()``)."""
+    return RunSet(paths, fmt, memory_limit=memory_limit)
 
 
 FOREIGN_STEPS = "_sorl_foreign_steps"
@@ -624,6 +739,23 @@ def foreign_steps(runs: Iterable[ForeignRun]) -> pa.Table:
         for t in tables
     ]
     return conform("steps", pa.concat_tables(tables, promote_options="permissive"))
+
+
+def check_read_only(query: str) -> None:
+    """``QueryError`` unless ``query`` is one read-only statement (``SELECT``, or ``EXPLAIN`` of one)."""
+    if not query or not query.strip():
+        raise QueryError("empty SQL")
+    try:
+        statements = duckdb.extract_statements(query)
+        kind = statement_kind(query) if len(statements) == 1 else None
+    except duckdb.Error as error:
+        raise QueryError(f"bad SQL: {_first_line(error)}") from None
+    if kind is None:
+        raise QueryError(f"give one statement, not {len(statements)}")
+    if kind is not duckdb.StatementType.SELECT:
+        raise QueryError(
+            f"only read-only queries (SELECT, EXPLAIN) are allowed; refused a {kind.name} statement"
+        )
 
 
 def statement_kind(query: str) -> duckdb.StatementType:

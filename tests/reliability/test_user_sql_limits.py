@@ -1,0 +1,125 @@
+"""A user's SQL (``RunSet.user_sql``, ``sorl query``) runs outside the run set's lock, under a time limit and
+a memory limit, and cannot read DuckDB's temp folder under the current directory."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from sorl_monitor.query import QueryError, open_runs
+from tests.conftest import write_run
+from tests.reliability.conftest import ROOT
+
+ENDLESS = "SELECT sum(i) FROM range(5000000000000) t(i)"  # minutes of work
+HUGE_LIST = "SELECT list(i) AS l FROM range(700000000) t(i)"  # 5.6 GB of integers in one cell
+
+
+@pytest.fixture
+def run(tmp_path):
+    return write_run(tmp_path / "logs", "run", updates=2)
+
+
+def test_a_slow_query_is_stopped_at_its_time_limit_with_one_line(run):
+    with open_runs(run) as runs:
+        started = time.monotonic()
+        with pytest.raises(QueryError, match=r"^query stopped at its time limit of 0.5 s$"):
+            runs.user_sql(ENDLESS, timeout_s=0.5)
+        assert time.monotonic() - started < 3
+        assert runs.user_sql("SELECT count(*) AS n FROM steps").column("n")[0].as_py() == 2
+
+
+def test_a_refresh_does_not_wait_for_a_users_query(run, tmp_path, record_measurement):
+    with open_runs(tmp_path / "logs") as runs:
+        errors: list[BaseException] = []
+
+        def slow() -> None:
+            try:
+                runs.user_sql(ENDLESS, timeout_s=2.5)
+            except QueryError as error:
+                errors.append(error)
+
+        worker = threading.Thread(target=slow)
+        worker.start()
+        time.sleep(0.5)
+        write_run(tmp_path / "logs", "second", updates=1)  # a new run: the refresh rebuilds every view
+        started = time.monotonic()
+        assert runs.refresh()
+        refresh_s = time.monotonic() - started
+        counted = runs.user_sql("SELECT count(DISTINCT run_id) AS n FROM steps").column("n")[0].as_py()
+        worker.join()
+    record_measurement(refresh_s_during_a_users_query=round(refresh_s, 3))
+    assert refresh_s < 2, refresh_s  # before: it waited for the whole query (23.6 s for range(5e12))
+    assert counted == 2
+    assert len(errors) == 1 and "time limit" in str(errors[0])
+
+
+SORL_MEASURING_PEAK = """
+import pathlib, resource, sys
+from cli.main import app
+try:
+    app(sys.argv[2:])
+finally:
+    pathlib.Path(sys.argv[1]).write_text(str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))
+"""
+
+
+def test_a_query_past_the_memory_limit_fails_with_one_line_and_the_process_stays_small(
+    run, tmp_path, record_measurement
+):
+    peak = tmp_path / "peak_kib"
+    command = [sys.executable, "-c", SORL_MEASURING_PEAK, str(peak), "query", str(run), HUGE_LIST,
+               "--memory-limit", "256MB"]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    peak_mib = int(peak.read_text()) / 1024
+    record_measurement(memory_limit="256MB", peak_rss_mib=round(peak_mib))
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1] == "error: query stopped at its memory limit of 256MB"
+    assert peak_mib < 1024, peak_mib  # before: 12.1 GB resident for the same query
+
+
+def test_the_time_limit_is_a_cli_option(run):
+    command = [sys.executable, "-m", "cli.main", "query", str(run), ENDLESS, "--timeout", "0.5"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == "error: query stopped at its time limit of 0.5 s"
+
+
+def test_duckdbs_temp_folder_under_the_current_directory_is_not_readable(run, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".tmp").mkdir()
+    (tmp_path / ".tmp" / "secret.csv").write_text("token\nhunter2\n")
+    with open_runs(run) as runs:
+        for query in (runs.user_sql, runs.sql):
+            with pytest.raises(QueryError, match="disabled by configuration"):
+                query("SELECT * FROM read_csv('.tmp/secret.csv')")
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ("SELECT to_timestamp(1e18)", "bad SQL: Conversion Error"),
+        ("COPY steps TO 'x.csv'", "only read-only"),
+        ("SELECT 1; SELECT 2", "one statement"),
+    ],
+)
+def test_mistakes_in_user_sql_are_one_line(run, query, message):
+    with open_runs(run) as runs, pytest.raises(QueryError, match=message) as info:
+        runs.user_sql(query)
+    assert "\n" not in str(info.value)
+
+
+def test_max_rows_fetches_at_most_that_many_rows(run):
+    with open_runs(run) as runs:
+        assert runs.user_sql("SELECT * FROM range(1000000000) t(i)", max_rows=3).num_rows == 3
+
+
+def test_a_bad_memory_limit_is_one_line(run):
+    with pytest.raises(QueryError, match="bad memory limit 'lots'"):
+        open_runs(run, memory_limit="lots")
