@@ -53,7 +53,15 @@ from sorl_monitor.logs import (
     read_source,
 )
 from sorl_monitor.logs.table import unique_ids
-from sorl_monitor.schema import PART_GLOB, RUN_FILE, TABLES, conform, empty_table, visible_parts
+from sorl_monitor.schema import (
+    PART_GLOB,
+    RUN_FILE,
+    TABLES,
+    conform,
+    empty_table,
+    type_conflicts,
+    visible_parts,
+)
 from sorl_monitor.writer import check_setting
 
 QUERY_MISTAKES = (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException)
@@ -392,10 +400,15 @@ class RunSet:
                     yield key
 
     def _footer_ok(self, path: str) -> bool:
+        """Whether a part's footer reads and its known columns have types the views take (a part with text
+        in ``loss`` would make every query of its table that computes on ``loss`` fail, naming no file)."""
         try:
-            pq.read_metadata(path)
+            schema = pq.read_schema(path)
         except Exception as error:  # noqa: BLE001 - any unreadable file is skipped, loudly
             self._skip(path, error)
+            return False
+        if conflicts := type_conflicts(Path(path).parts[-3], schema):
+            self._skip(path, ValueError("; ".join(conflicts)))
             return False
         self._skipped.pop(path, None)
         return True

@@ -168,6 +168,31 @@ def conform(table: str, data: pa.Table) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=pa.schema(fields))
 
 
+def _kind(kind: pa.DataType) -> str:
+    """What a type holds as readers use it: numbers (bools, ints, floats, decimals), text, or itself."""
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    numeric = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean, pa.types.is_decimal)
+    if pa.types.is_null(kind) or any(test(kind) for test in numeric):
+        return "number"
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return "text"
+    return str(kind)
+
+
+def type_conflicts(table: str, schema: pa.Schema) -> list[str]:
+    """The known columns of ``table`` that a part with ``schema`` stores as another kind of value (text in
+    ``loss``), e.g. ``["loss is string, not double"]``; a narrower number (``step`` int32, ``ctn_active`` as
+    0/1 doubles in older parts) is no conflict."""
+    known = SCHEMAS[table]
+    conflicts = []
+    for field in schema:
+        index = known.get_field_index(field.name)
+        if index >= 0 and _kind(field.type) != _kind(known.field(index).type):
+            conflicts.append(f"{field.name} is {field.type}, not {known.field(index).type}")
+    return conflicts
+
+
 def empty_table(table: str) -> pa.Table:
     """A table with the known columns and no rows (for views over runs that have not written it yet)."""
     return SCHEMAS[table].empty_table()
