@@ -70,7 +70,7 @@ class CtnGuard:
         self,
         config: DetectorConfig | None = None,
         trip_on: tuple[str, ...] = DEFAULT_TRIP_ON,
-        quiet_updates: int = 32,
+        quiet_updates: int = 256,
         min_severity: str = "warning",
     ) -> None:
         if quiet_updates < 1:
