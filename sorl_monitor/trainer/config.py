@@ -77,7 +77,7 @@ class TrainConfig:
     def ctn_mode(self) -> str:
         from sorl_monitor.trainer.algorithms import get_algorithm
 
-        return self.ctn if self.ctn is not None else get_algorithm(self.algo).DEFAULT_CTN
+        return self.ctn if self.ctn is not None else get_algorithm(self.algo).default_ctn
 
     def check(self) -> TrainConfig:
         """Raise ``ValueError`` naming the first bad knob; return self."""

@@ -115,7 +115,7 @@ def train(cfg: TrainConfig, progress: Progress | None = None) -> TrainResult:
                 group["lr"] = lr
             with torch.no_grad():
                 # the learner as this batch's updates begin: the critic's values and π_prox
-                proximal = policy(episodes.tokens, with_values=algo.CRITIC)
+                proximal = policy(episodes.tokens, with_values=algo.critic)
                 values = proximal.values
                 ref_logp = reference(episodes.tokens, with_values=False).logp
                 adv, returns = algo.advantages(
@@ -130,7 +130,7 @@ def train(cfg: TrainConfig, progress: Progress | None = None) -> TrainResult:
                     idx = order[mb * mb_size : (mb + 1) * mb_size]
                     batch = Minibatch(mask[idx], episodes.turn_ids[idx], episodes.logp[idx], ref_logp[idx],
                                       adv[idx], returns[idx], values[idx], proximal.logp[idx])  # fmt: skip
-                    out = policy(episodes.tokens[idx], with_values=algo.CRITIC)
+                    out = policy(episodes.tokens[idx], with_values=algo.critic)
                     terms = algo.loss(out, batch, settings, coef)
                     optimizer.zero_grad(set_to_none=True)
                     terms.loss.backward()
@@ -139,8 +139,8 @@ def train(cfg: TrainConfig, progress: Progress | None = None) -> TrainResult:
                     last = mon.log_update(
                         logp=out.logp.detach(), old_logp=batch.old_logp, mask=batch.mask, turn_ids=batch.turn_ids,
                         ref_logp=batch.ref_logp, entropy=out.entropy.detach(), advantages=batch.advantages,
-                        values=out.values.detach() if algo.CRITIC else None,
-                        returns=batch.returns if algo.CRITIC else None, rewards=episodes.rewards[idx],
+                        values=out.values.detach() if algo.critic else None,
+                        returns=batch.returns if algo.critic else None, rewards=episodes.rewards[idx],
                         group_ids=group_ids[idx], grad_norm=grad_norm, step=step, iteration=iteration,
                         ppo_epoch=epoch, minibatch=mb, policy_lag=lag_iterations * steps_per_iteration + epoch * cfg.minibatches + mb,
                         extra={"loss": terms.loss.detach(), "pg_loss": terms.pg_loss, "vf_loss": terms.vf_loss,

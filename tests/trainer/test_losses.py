@@ -186,7 +186,7 @@ def test_gradient_reaches_the_policy_and_only_critic_algorithms_train_the_value_
     questions = env.sample_questions(8, torch.Generator().manual_seed(0), group_size=4)
     episodes = env.play(questions, env.expert(questions, 0.5, torch.Generator().manual_seed(1)))
     algo = get_algorithm(name)
-    out = policy(episodes.tokens, with_values=algo.CRITIC)
+    out = policy(episodes.tokens, with_values=algo.critic)
     mask = episodes.mask.float()
     adv, returns = algo.advantages(episodes.rewards, out.values.detach(), mask, episodes.turn_ids,
                                    torch.arange(8) // 4, LossSettings())  # fmt: skip
@@ -196,7 +196,7 @@ def test_gradient_reaches_the_policy_and_only_critic_algorithms_train_the_value_
     lm_grad = sum(p.grad.abs().sum() for p in policy.lm.parameters() if p.grad is not None)
     assert lm_grad > 0
     head_grad = policy.value_head.weight.grad
-    if algo.CRITIC:
+    if algo.critic:
         assert head_grad is not None and head_grad.abs().sum() > 0
     else:
         assert head_grad is None

@@ -42,13 +42,13 @@ def test_every_algorithm_writes_readable_parquet_with_all_design_columns(tmp_pat
             assert [row["step"] for row in steps] == list(
                 range(8)
             )  # 2 iterations × 2 epochs × 2 mini-batches
-            critic = ALGORITHMS[algo].CRITIC
+            critic = ALGORITHMS[algo].critic
             for column in [*STEP_COLUMNS, *KEYS, *(CRITIC_COLUMNS if critic else ())]:
                 assert all(row.get(column) is not None for row in steps), (algo, column)
             assert (
                 steps[-1]["policy_lag"] > steps[0]["policy_lag"]
             )  # staleness 1: the lag grows along an iteration
-            assert {row["ctn_active"] for row in steps} == {ALGORITHMS[algo].DEFAULT_CTN == "on"}
+            assert {row["ctn_active"] for row in steps} == {ALGORITHMS[algo].default_ctn == "on"}
             turns = runs.sql(f"SELECT * FROM turns WHERE run_id = '{algo}'").to_pylist()
             assert turns and all(row[c] is not None for row in turns for c in TURN_COLUMNS)
             assert {row["step"] for row in turns} == set(range(8))

@@ -1,25 +1,65 @@
-"""The algorithms, one module of loss math each (CleanRL style). Each module defines ``CRITIC``,
-``TURN_LEVEL``, ``DEFAULT_CTN``, ``advantages(rewards, values, mask, turn_ids, group_ids, settings)``
-and ``loss(policy_output, minibatch, settings, ctn_coef)``."""
+"""The algorithms, as data: which ratio the surrogate uses, whether there is a critic, whether CTN is on
+by default, and the advantage estimator. Every loss is ``common.surrogate_loss``:
+
+    ρ     = r_t = π_θ(y_t)/π_old(y_t)  (token level)   or   w̄_k = mean_{t∈k} r_t  (turn level;
+            ``turn_ratio="geomean"``: exp(mean_{t∈k} log r_t))
+    L_pg  = −mean_t min(ρ A, clip(ρ, 1−ε_low, 1+ε_high) A)
+    L     = L_pg [+ c_v · ½ mean_t (V(s_t) − G_t)²  with a critic]
+               [+ λ · clip_frac(ρ) · mean_t (r_t − 1 − log r_t)  when CTN is on]
+               [− c_H · H]  [+ β · KL(π_θ‖π_ref)]
+
+| name | ratio | advantage (``advantages``) | critic | CTN by default |
+|---|---|---|---|---|
+| ``ppo`` | token | ``token_gae`` | yes | off |
+| ``turn_ppo`` | turn | ``turn_level`` | yes | off |
+| ``s_ppo`` | token | ``token_gae`` | yes | on (the paper's clipping-bias correction) |
+| ``so_ppo`` = ``st_ppo`` | turn | ``turn_level`` | yes | on |
+| ``grpo`` | token | ``group`` | no | off |
+| ``so_grpo`` | turn | ``turn_group`` | no | on |
+
+CTN's ``clip_frac`` is the share of agent tokens whose ``ρ`` lies outside the trust region (detached); the
+paper's exact normalizer is not public, so ``λ · clip_fraction · KL`` is the seed's form (an interpretation).
+"""
 
 from __future__ import annotations
 
-from types import ModuleType
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from sorl_monitor.trainer.algorithms import grpo, ppo, s_ppo, so_grpo, so_ppo, turn_ppo
+from torch import Tensor
 
-ALGORITHMS: dict[str, ModuleType] = {
-    "ppo": ppo,
-    "turn_ppo": turn_ppo,
-    "s_ppo": s_ppo,
-    "so_ppo": so_ppo,
-    "st_ppo": so_ppo,  # the paper's v1 name for SO-PPO
-    "grpo": grpo,
-    "so_grpo": so_grpo,
-}
+from sorl_monitor.trainer.algorithms import advantages as estimators
+from sorl_monitor.trainer.algorithms.common import LossSettings, LossTerms, Minibatch, surrogate_loss
+
+Advantages = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, LossSettings], tuple[Tensor, Tensor]]
 
 
-def get_algorithm(name: str) -> ModuleType:
+@dataclass(frozen=True)
+class Algorithm:
+    """One algorithm: the surrogate's ratio (token or turn), critic, default CTN mode, advantage estimator."""
+
+    name: str
+    turn_level: bool
+    critic: bool
+    default_ctn: str
+    advantages: Advantages
+
+    def loss(self, out, batch: Minibatch, settings: LossSettings, ctn_coef: float) -> LossTerms:
+        return surrogate_loss(out, batch, settings, ctn_coef, turn_level=self.turn_level, critic=self.critic)
+
+
+ALGORITHMS: dict[str, Algorithm] = {
+    "ppo": Algorithm("ppo", turn_level=False, critic=True, default_ctn="off", advantages=estimators.token_gae),
+    "turn_ppo": Algorithm("turn_ppo", turn_level=True, critic=True, default_ctn="off", advantages=estimators.turn_level),
+    "s_ppo": Algorithm("s_ppo", turn_level=False, critic=True, default_ctn="on", advantages=estimators.token_gae),
+    "so_ppo": Algorithm("so_ppo", turn_level=True, critic=True, default_ctn="on", advantages=estimators.turn_level),
+    "grpo": Algorithm("grpo", turn_level=False, critic=False, default_ctn="off", advantages=estimators.group),
+    "so_grpo": Algorithm("so_grpo", turn_level=True, critic=False, default_ctn="on", advantages=estimators.turn_group),
+}  # fmt: skip
+ALGORITHMS["st_ppo"] = ALGORITHMS["so_ppo"]  # the paper's v1 name for SO-PPO
+
+
+def get_algorithm(name: str) -> Algorithm:
     try:
         return ALGORITHMS[name]
     except KeyError:
