@@ -36,15 +36,6 @@ def parse_variant(variant: str) -> dict:
     return out
 
 
-def coerce(value: str):
-    for kind in (int, float):
-        try:
-            return kind(value)
-        except ValueError:
-            pass
-    return {"true": True, "false": False, "none": None}.get(value.lower(), value)
-
-
 def run_name(variant: str, seed: int) -> str:
     return f"{variant.replace(':', '-').replace('+', '-')}-s{seed}"
 
@@ -85,14 +76,13 @@ def from_runs(log_dir: str, variants: list[str], seeds: range) -> list[dict]:
 
 def run_one(job: tuple[str, int, int, str, dict]) -> dict:
     variant, seed, iterations, log_dir, overrides = job
-    from sorl_monitor.trainer.config import TrainConfig
+    from sorl_monitor.trainer.config import TrainConfig, with_settings
     from sorl_monitor.trainer.train import train
 
     safe = run_name(variant, seed)[: -len(f"-s{seed}")]
     cfg = TrainConfig(seed=seed, iterations=iterations, log_dir=log_dir, run_name=f"{safe}-s{seed}",
                       log_turns="first", **parse_variant(variant))  # fmt: skip
-    for key, value in overrides.items():
-        setattr(cfg, key, value)
+    cfg = with_settings(cfg, [f"{key}={value}" for key, value in overrides.items()])
     result = train(cfg)
     return measure(result.run_dir, variant, seed, result.final_reward, result.peak_reward, result.seconds,
                    len(result.ctn_switches))  # fmt: skip
@@ -121,7 +111,7 @@ def main() -> None:
     overrides = {}
     for item in args.set:
         key, _, value = item.partition("=")
-        overrides[key] = coerce(value)
+        overrides[key] = value
     if args.summarize:
         print_table(from_runs(args.log_dir, args.variants, range(args.first_seed, args.first_seed + args.seeds)),
                     args.variants, f"runs in {args.log_dir}")  # fmt: skip

@@ -59,47 +59,38 @@ def train_command(
     ] = None,
     log_dir: Annotated[str | None, typer.Option(help="Where runs are written (default runs/).")] = None,
     run_name: Annotated[str | None, typer.Option(help="Run id (default: date-time-algo-hex).")] = None,
-    lr: Annotated[float | None, typer.Option(help="Learning rate.")] = None,
-    epochs: Annotated[int | None, typer.Option(help="PPO epochs over each rollout batch.")] = None,
-    minibatches: Annotated[int | None, typer.Option(help="Mini-batches per epoch.")] = None,
-    staleness: Annotated[
-        int | None, typer.Option(help="Behaviour policy is this many iterations old.")
-    ] = None,
-    anneal_lr: Annotated[
-        bool | None,
-        typer.Option("--anneal-lr/--constant-lr", help="Decay the rate linearly to 0, or keep it."),
-    ] = None,
-    ctn_coef: Annotated[float | None, typer.Option(help="λ of CTN (loss += λ · clip_fraction · KL).")] = None,
-    ctn_anchor: Annotated[
-        str | None, typer.Option(help="behaviour | proximal: the policy CTN's KL pulls back to.")
-    ] = None,
-    turn_ratio: Annotated[str | None, typer.Option(help="mean | geomean")] = None,
     log_turns: Annotated[
         str | None, typer.Option(help="all | first | none: which updates write turn rows.")
     ] = None,
     config: Annotated[
         Path | None,
-        typer.Option("--config", help="TOML file of TrainConfig fields ([task], [policy] tables)."),
+        typer.Option(
+            "--config", help="TOML file of TrainConfig fields ([task], [policy], [detectors] tables)."
+        ),
+    ] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="Any TrainConfig field: name=value, e.g. lr=5e-4, anneal_lr=true, task.max_hops=2, "
+            "detectors.clip_rise_warning=4 (repeatable; docs/trainer.md lists them).",
+        ),
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
 ) -> None:
     """Train the bundled multi-turn search agent; every update is logged through the monitor.
 
-    Command-line options override the config file. Exit status: 0 healthy, 3 collapsed, 2 bad input.
+    The config file, then --set, then the named options. Exit status: 0 healthy, 3 collapsed, 2 bad input.
     """
     from sorl_monitor.postmortem import postmortem
     from sorl_monitor.query import open_runs
-    from sorl_monitor.trainer.config import TrainConfig, load_config
+    from sorl_monitor.trainer.config import TrainConfig, load_config, with_settings
     from sorl_monitor.trainer.train import train
 
     cfg = load_config(config) if config is not None else TrainConfig()
-    overrides = {"algo": algo, "ctn": ctn, "seed": seed, "iterations": steps, "log_dir": log_dir,
-                 "run_name": run_name, "lr": lr, "epochs": epochs, "minibatches": minibatches,
-                 "staleness": staleness, "ctn_coef": ctn_coef, "turn_ratio": turn_ratio, "log_turns": log_turns,
-                 "anneal_lr": anneal_lr, "ctn_anchor": ctn_anchor}  # fmt: skip
-    for name, value in overrides.items():
-        if value is not None:
-            setattr(cfg, name, value)
+    named = {"algo": algo, "ctn": ctn, "seed": seed, "iterations": steps, "log_dir": log_dir,
+             "run_name": run_name, "log_turns": log_turns}  # fmt: skip
+    cfg = with_settings(cfg, [*(set_ or []), *(f"{k}={v}" for k, v in named.items() if v is not None)])
     cfg.check()
     if cfg.run_name is not None and (Path(cfg.log_dir) / cfg.run_name).exists():
         fail(f"run {cfg.run_name!r} already exists in {cfg.log_dir}; pick another --run-name")

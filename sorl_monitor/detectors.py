@@ -42,6 +42,7 @@ import duckdb
 import pyarrow as pa
 
 from sorl_monitor.query import RunSet
+from sorl_monitor.settings import coerce, field_kinds, parse_assignments
 
 ALERT_COLUMNS = pa.schema(
     [
@@ -200,42 +201,19 @@ class DetectorConfig:
 
 
 # --------------------------------------------------------------------------------------- loading
-def _parse_setting(name: str, raw: Any) -> Any:
-    kinds = {f.name: f.type for f in fields(DetectorConfig)}
-    if name not in kinds:
-        raise ValueError(f"unknown detector setting {name!r}; known settings: {', '.join(sorted(kinds))}")
-    kind = kinds[name]
-    try:
-        if kind == "int":
-            if isinstance(raw, str):
-                return int(raw)
-            if isinstance(raw, float) and raw.is_integer():
-                return int(raw)
-            return raw
-        if kind == "float":
-            return float(raw) if isinstance(raw, str) else raw
-        if isinstance(raw, str):
-            return tuple(part.strip() for part in raw.split(",") if part.strip())
-        return tuple(raw)
-    except (TypeError, ValueError):
-        raise ValueError(f"detector setting {name}: cannot read {raw!r} as {kind}") from None
-
-
 def config_from_mapping(values: Mapping[str, Any], base: DetectorConfig | None = None) -> DetectorConfig:
-    """``base`` (default: the defaults) with ``values`` applied; ``ValueError`` names an unknown key."""
+    """``base`` (default: the defaults) with ``values`` applied (TOML values or ``--set`` text); ``ValueError``
+    names an unknown key."""
     base = base or DetectorConfig()
-    return base.replace(**{name: _parse_setting(name, raw) for name, raw in values.items()})
-
-
-def parse_overrides(assignments: Iterable[str]) -> dict[str, str]:
-    """``["kl_rise_critical=20", …]`` → ``{"kl_rise_critical": "20", …}``."""
-    parsed = {}
-    for item in assignments:
-        name, sep, value = item.partition("=")
-        if not sep or not name.strip():
-            raise ValueError(f"--set takes name=value, not {item!r}")
-        parsed[name.strip()] = value.strip()
-    return parsed
+    kinds = field_kinds(DetectorConfig)
+    unknown = sorted(set(values) - set(kinds))
+    if unknown:
+        raise ValueError(
+            f"unknown detector setting {unknown[0]!r}; known settings: {', '.join(sorted(kinds))}"
+        )
+    return base.replace(
+        **{name: coerce("detector setting", name, kinds[name], raw) for name, raw in values.items()}
+    )
 
 
 def load_config(toml_path: str | Path | None = None, overrides: Iterable[str] = ()) -> DetectorConfig:
@@ -255,7 +233,7 @@ def load_config(toml_path: str | Path | None = None, overrides: Iterable[str] = 
         if not isinstance(settings, dict):
             raise ValueError(f"{path}: [detectors] must be a table of settings")
         config = config_from_mapping(settings, config)
-    return config_from_mapping(parse_overrides(overrides), config)
+    return config_from_mapping(parse_assignments(overrides), config)
 
 
 # --------------------------------------------------------------------------------------- detectors

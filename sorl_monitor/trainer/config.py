@@ -5,10 +5,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import tomllib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sorl_monitor.detectors import DetectorConfig
+from sorl_monitor.detectors import config_from_mapping as detector_config
+from sorl_monitor.settings import coerce, field_kinds, parse_assignments
 from sorl_monitor.trainer.env import TaskConfig
 from sorl_monitor.trainer.policy import PolicyConfig
 
@@ -72,6 +76,8 @@ class TrainConfig:
     """all | first (the first update of each iteration: small logs) | none"""
     task: TaskConfig = field(default_factory=TaskConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    detectors: DetectorConfig = field(default_factory=DetectorConfig)
+    """The detector settings the CTN guard (``ctn=auto``) uses; TOML ``[detectors]``, ``--set detectors.x=…``."""
 
     @property
     def ctn_mode(self) -> str:
@@ -131,25 +137,46 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
-def _build(cls: type, values: dict[str, Any], where: str) -> Any:
-    names = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - set(names))
+TABLES = {"task": TaskConfig, "policy": PolicyConfig}
+"""The nested tables of a ``TrainConfig`` besides ``[detectors]``."""
+
+
+def _typed(cls: type, values: dict[str, Any], where: str) -> dict[str, Any]:
+    """``values`` checked against ``cls``'s fields and converted to their types (TOML values or ``--set`` text)."""
+    kinds = field_kinds(cls)
+    unknown = sorted(set(values) - set(kinds))
     if unknown:
         raise ValueError(f"unknown setting{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} in {where}; "
-                         f"known: {', '.join(names)}")  # fmt: skip
-    return values
+                         f"known: {', '.join(kinds)}")  # fmt: skip
+    return {name: coerce(f"setting in {where}:", name, kinds[name], raw) for name, raw in values.items()}
 
 
 def config_from_mapping(values: dict[str, Any], where: str = "the config") -> TrainConfig:
-    """A ``TrainConfig`` from a (TOML) mapping with optional ``[task]`` and ``[policy]`` tables."""
+    """A ``TrainConfig`` from a (TOML) mapping with optional ``[task]``, ``[policy]`` and ``[detectors]`` tables."""
     values = dict(values)
-    task = _build(TaskConfig, dict(values.pop("task", {}) or {}), f"[task] of {where}")
-    policy = _build(PolicyConfig, dict(values.pop("policy", {}) or {}), f"[policy] of {where}")
-    _build(TrainConfig, values, where)
-    try:
-        return TrainConfig(**values, task=TaskConfig(**task), policy=PolicyConfig(**policy))
-    except TypeError as error:
-        raise ValueError(f"{where}: {error}") from None
+    tables = {
+        name: _typed(cls, dict(values.pop(name, {}) or {}), f"[{name}] of {where}")
+        for name, cls in TABLES.items()
+    }
+    detectors = detector_config(dict(values.pop("detectors", {}) or {}))
+    top = _typed(TrainConfig, values, where)
+    return TrainConfig(**top, task=TaskConfig(**tables["task"]), policy=PolicyConfig(**tables["policy"]),
+                       detectors=detectors)  # fmt: skip
+
+
+def with_settings(cfg: TrainConfig, assignments: Iterable[str]) -> TrainConfig:
+    """``cfg`` with ``--set name=value`` applied (``task.x``, ``policy.x``, ``detectors.x`` for the tables)."""
+    values = {**dataclasses.asdict(cfg), "detectors": {}}
+    for name, raw in parse_assignments(assignments).items():
+        table, _, key = name.rpartition(".")
+        if table and table not in (*TABLES, "detectors"):
+            raise ValueError(
+                f"unknown settings table {table!r} in --set {name}; known: task, policy, detectors"
+            )
+        (values[table] if table else values)[key] = raw
+    detector_values = values.pop("detectors")
+    result = config_from_mapping(values, "--set")
+    return dataclasses.replace(result, detectors=detector_config(detector_values, cfg.detectors))
 
 
 def load_config(path: str | Path) -> TrainConfig:

@@ -95,7 +95,7 @@ def train(cfg: TrainConfig, progress: Progress | None = None) -> TrainResult:
 
     ctn_mode = cfg.ctn_mode
     ctn_active = ctn_mode == "on"
-    guard = CtnGuard(quiet_updates=cfg.ctn_quiet_updates) if ctn_mode == "auto" else None
+    guard = CtnGuard(cfg.detectors, quiet_updates=cfg.ctn_quiet_updates) if ctn_mode == "auto" else None
     mon = Monitor(cfg.log_dir, cfg.run_name, config=cfg.to_dict(), algorithm=cfg.algo, seed=cfg.seed,
                   clip_eps=settings.clip_eps, clip_eps_high=settings.clip_eps_high).watch(policy)  # fmt: skip
     result = TrainResult(mon.run_dir, mon.run_id, "finished")

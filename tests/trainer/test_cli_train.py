@@ -15,9 +15,12 @@ runner = CliRunner()
     [
         (["--algo", "ppo2"], "unknown algorithm"),
         (["--ctn", "maybe"], "ctn must be"),
-        (["--lr", "-1"], "lr must be"),
-        (["--epochs", "0"], "epochs must be"),
-        (["--ctn-anchor", "reference"], "ctn_anchor must be"),
+        (["--set", "lr=-1"], "lr must be"),
+        (["--set", "epochs=0"], "epochs must be"),
+        (["--set", "ctn_anchor=reference"], "ctn_anchor must be"),
+        (["--set", "lr=fast"], "cannot read 'fast' as float"),
+        (["--set", "nope=1"], "unknown setting nope"),
+        (["--set", "detectors.kl_rise_critical=x"], "kl_rise_critical"),
         (["--config", "missing.toml"], "config file not found"),
     ],
 )

@@ -1,0 +1,68 @@
+"""Settings from TOML files and ``--set name=value``: one way to read a dataclass field's value.
+
+``DetectorConfig`` and ``TrainConfig`` both take their values through ``coerce``: a TOML value as it is
+(checked), or the text after ``--set name=`` converted to the field's annotated type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import Any
+
+_TRUE, _FALSE = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}
+
+
+def coerce(owner: str, name: str, kind: str, raw: Any) -> Any:
+    """``raw`` as a value of the annotation ``kind`` (``int``, ``float``, ``bool``, ``str``, ``tuple[str, ...]``,
+    each optionally ``| None``); ``ValueError`` naming ``owner`` and ``name`` when it cannot be read."""
+    optional = kind.replace(" ", "").endswith("|None")
+    base = kind.split("|")[0].strip()
+    if raw is None or (optional and isinstance(raw, str) and raw.strip().lower() in ("none", "null")):
+        if optional:
+            return None
+        raise ValueError(f"{owner} {name} cannot be empty")
+    try:
+        if base == "bool":
+            if isinstance(raw, bool):
+                return raw
+            if isinstance(raw, str) and raw.strip().lower() in _TRUE | _FALSE:
+                return raw.strip().lower() in _TRUE
+            raise ValueError
+        if base == "int":
+            if isinstance(raw, bool):
+                raise ValueError
+            if isinstance(raw, float) and raw.is_integer():
+                return int(raw)
+            return int(raw) if isinstance(raw, str | int) else _fail()
+        if base == "float":
+            if isinstance(raw, bool):
+                raise ValueError
+            return float(raw) if isinstance(raw, str | int | float) else _fail()
+        if base.startswith("tuple"):
+            if isinstance(raw, str):
+                return tuple(part.strip() for part in raw.split(",") if part.strip())
+            return tuple(str(part) for part in raw)
+        return str(raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"{owner} {name}: cannot read {raw!r} as {kind}") from None
+
+
+def _fail() -> Any:
+    raise ValueError
+
+
+def field_kinds(cls: type) -> dict[str, str]:
+    """Each field of a dataclass and its annotation text."""
+    return {f.name: str(f.type) for f in dataclasses.fields(cls)}
+
+
+def parse_assignments(assignments: Iterable[str]) -> dict[str, str]:
+    """``["kl_rise_critical=20", …]`` → ``{"kl_rise_critical": "20", …}``."""
+    parsed = {}
+    for item in assignments:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"--set takes name=value, not {item!r}")
+        parsed[name.strip()] = value.strip()
+    return parsed
