@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
-import torch
 
 from sorl_monitor.schema import column_name
 
@@ -282,13 +282,19 @@ TAP_MEASURED = frozenset(
 over its logging window) is left out of that update's row rather than overwrite the measurement."""
 
 
+def _is_tensor(value: Any) -> bool:
+    """A torch tensor, told without importing torch (reading logs never needs it)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
 def scalar(value: Any) -> float | bool | str | None:
     """A logged value as a storable scalar: numbers as float (so huge integers cannot overflow a column),
     bools and strings as they are, 1-element tensors and arrays unwrapped; anything else is ``None``."""
     kind = type(value)
     if kind is float or kind is str or kind is bool:
         return value
-    if isinstance(value, torch.Tensor):
+    if _is_tensor(value):
         if value.numel() != 1:
             return None
         value = value.detach().reshape(()).item()
