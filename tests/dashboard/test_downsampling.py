@@ -8,7 +8,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from sorl_monitor.dashboard_data import downsample, minmax_indices, turn_ratio_grid
+from sorl_monitor.figures.series import downsample, minmax_indices
+from sorl_monitor.figures.turns import turn_ratio_grid
 
 
 def test_single_step_spike_in_a_long_synthetic_series_survives_downsampling():

@@ -1,0 +1,55 @@
+"""Per-module grad norms (``Monitor.watch``) over steps, one row per run on one x axis."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import plotly.graph_objects as go
+import pyarrow as pa
+from plotly.colors import qualitative
+
+from sorl_monitor.figures.rows import axis_refs, run_rows_layout
+from sorl_monitor.figures.series import XAxis, column_values, downsample
+from sorl_monitor.figures.style import empty_figure
+
+
+def module_norms_figure(
+    modules: Mapping[str, pa.Table], axis: XAxis | None = None, max_points: int = 1200
+) -> go.Figure:
+    """Pre-clip grad norm per module (log scale; ranks: the largest), a row per run (``modules``: each run's
+    ``step, module, grad_norm`` rows). A module keeps its colour in every row, and one legend entry shows
+    or hides it everywhere. ``axis`` maps steps to the chosen x axis (steps when ``None``)."""
+    tables = {run_id: table for run_id, table in modules.items() if table.num_rows}
+    if not tables:
+        return empty_figure("no per-module grad norms logged (call Monitor.watch(model))")
+    merged = {
+        run_id: table.group_by(["module", "step"], use_threads=False)
+        .aggregate([("grad_norm", "max")])
+        .sort_by([("module", "ascending"), ("step", "ascending")])
+        for run_id, table in tables.items()
+    }
+    names = list(dict.fromkeys(m for t in merged.values() for m in t.column("module").to_pylist()))
+    colors = {name: qualitative.Dark24[i % len(qualitative.Dark24)] for i, name in enumerate(names)}
+    layout = run_rows_layout(
+        list(merged), row_px=260, x_title="step" if axis is None else axis.title, same_y=True,
+        y_axis={"type": "log", "title": {"text": "grad norm"}, "exponentformat": "power", "nticks": 5},
+        uirevision="modules",
+    )  # fmt: skip
+    traces = []
+    legended: set[str] = set()
+    for row, (run_id, table) in enumerate(merged.items(), start=1):
+        module_of = table.column("module").to_numpy(zero_copy_only=False)
+        steps, norms = column_values(table, "step"), column_values(table, "grad_norm_max")
+        for module in dict.fromkeys(module_of):
+            mine = module_of == module
+            x = steps[mine] if axis is None else axis.at(run_id, steps[mine])
+            xs, ys = downsample(x, np.where(norms[mine] > 0, norms[mine], np.nan), max_points)
+            traces.append(
+                {"type": "scatter", "mode": "lines", "x": xs, "y": ys.astype(np.float32), "name": str(module),
+                 "legendgroup": str(module), "showlegend": module not in legended, **axis_refs(row),
+                 "line": {"color": colors[module], "width": 1.3},
+                 "hovertemplate": f"{run_id} · {module}<br>grad norm %{{y:.4g}}<br>%{{x}}<extra></extra>"}
+            )  # fmt: skip
+            legended.add(module)
+    return go.Figure(data=traces, layout=layout)

@@ -1,0 +1,37 @@
+"""Colours, symbols and small layout pieces shared by the figures.
+
+Run colours are cool hues only (blues, purples, teals, greys): severity owns red and amber, CTN
+owns green, so a run's curve is never mistaken for an alert or a CTN span.
+"""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+RUN_COLORS = ("#1f77b4", "#a21caf", "#0f766e", "#111827", "#0891b2", "#4338ca", "#64748b", "#7c3aed")
+"""One per run (several runs) or per series of a panel (one run), cycled."""
+SEVERITY_STYLE = {
+    "info": ("#6b7280", "circle-open"),
+    "warning": ("#f59e0b", "triangle-up"),
+    "critical": ("#dc2626", "x"),
+}
+"""Marker colour and symbol per alert severity."""
+CTN_BAND = "rgba(34, 139, 34, 0.12)"
+CTN_BAR = "rgba(34, 139, 34, 0.55)"
+COLLAPSE_COLOR = "#7f1d1d"
+MISSING_CELL = "#d4d4d4"
+"""Heatmap background: a cell nothing was logged for is grey, never the white of w̄ = 1."""
+FONT = {"size": 11}
+
+
+def run_color(index: int) -> str:
+    """The colour of the ``index``-th run (or series)."""
+    return RUN_COLORS[index % len(RUN_COLORS)]
+
+
+def empty_figure(message: str) -> go.Figure:
+    """A small figure that only says ``message``."""
+    figure = go.Figure()
+    figure.add_annotation(text=message, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5)
+    figure.update_layout(height=160, xaxis={"visible": False}, yaxis={"visible": False})
+    return figure

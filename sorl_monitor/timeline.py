@@ -1,0 +1,85 @@
+"""A run's events on its step axis: alert onsets, CTN-on spans, the collapse step.
+
+Used by the figures (dashboard and HTML report) and by ``sorl watch``. An *onset* is the first alert
+of a streak of one detector (consecutive logged blocks of ``DetectorConfig.smooth_steps`` steps), and
+each escalation to critical: a detector firing for 300 blocks is one mark, not 300.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sorl_monitor.detectors import DETECTORS, FAMILY_NAMES
+
+FAMILY = {d.name: d.family for d in DETECTORS}
+"""Each detector's family (``Detector.family``); an alert a trainer logged under another name is ``other``."""
+FAMILY_ORDER = (*FAMILY_NAMES, "other")
+"""Families in the detectors' order (the order the figures list them in)."""
+
+
+def family_of(detector: str) -> str:
+    return FAMILY.get(detector, "other")
+
+
+@dataclass
+class Timeline:
+    """What happened to one run, by step."""
+
+    onsets: list[dict[str, Any]] = field(default_factory=list)
+    """``step, detector, family, severity, message`` of each onset, by step."""
+    ctn_spans: list[tuple[int, int]] = field(default_factory=list)
+    """Step ranges with CTN on."""
+    collapse_step: int | None = None
+
+
+def alert_onsets(
+    alerts: Iterable[dict[str, Any]], steps: Sequence[int], block_steps: int = 1
+) -> list[dict[str, Any]]:
+    """The first alert of each streak of one detector, and each escalation to critical, with its ``family``.
+
+    A streak is a run of consecutive logged blocks of ``block_steps`` steps (``steps``: the run's logged
+    steps); ``alerts`` are rows with ``step, detector, severity`` (and ``message``).
+    """
+    position = {block: i for i, block in enumerate(sorted({step // block_steps for step in steps}))}
+    onsets, last = [], {}
+    for row in sorted(alerts, key=lambda r: (r["step"], r["detector"])):
+        previous = last.get(row["detector"])
+        if (
+            previous is None
+            or position.get(row["step"] // block_steps, -1)
+            - position.get(previous["step"] // block_steps, -2)
+            != 1
+            or (row["severity"] == "critical" and previous["severity"] != "critical")
+        ):
+            onsets.append({**row, "family": family_of(row["detector"])})
+        last[row["detector"]] = row
+    return onsets
+
+
+def ctn_spans(
+    steps: Sequence[int], active: Sequence[bool | None], actions: Iterable[tuple[int, str]]
+) -> list[tuple[int, int]]:
+    """Step ranges with CTN on: from the ``ctn_active`` column when logged, else from the guard's
+    ``ctn_on`` / ``ctn_off`` actions; a span still open ends at the last step."""
+    switches = (
+        [
+            (step, "ctn_on" if on else "ctn_off")
+            for step, on in zip(steps, active, strict=True)
+            if on is not None
+        ]
+        if any(on is not None for on in active)
+        else list(actions)
+    )
+    spans: list[tuple[int, int]] = []
+    start = None
+    for step, name in switches:
+        if name == "ctn_on" and start is None:
+            start = step
+        elif name == "ctn_off" and start is not None:
+            spans.append((start, step))
+            start = None
+    if start is not None and steps:
+        spans.append((start, steps[-1]))
+    return spans
