@@ -1,4 +1,4 @@
-"""``LiveRuns``: incremental reads of runs being written, statuses, and what the views are built from."""
+"""``LiveRuns``: incremental reads of runs being written, statuses, and what the views and the report draw."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from sorl_monitor import Monitor
-from sorl_monitor.dashboard_data import LiveRuns, off_policy_step
+from sorl_monitor import live as live_module
 from sorl_monitor.detectors import detect
+from sorl_monitor.live import LiveRuns, latest_reused_step
 from sorl_monitor.postmortem import label_collapse, postmortem
-from sorl_monitor.query import open_runs
+from sorl_monitor.query import RunSet, open_runs
 from tests.dashboard.conftest import GUARDED
 from tests.detectors.synthetic import KEYS, PATTERNS, collapse_reward, stable_rows, write_rows
 
@@ -37,16 +38,16 @@ def log_updates(mon: Monitor, n: int, seed: int = 0) -> None:
     assert mon.flush()
 
 
-def files_read(live: LiveRuns, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """A list that fills with every part file ``live`` reads from now on."""
+def files_read(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """A list that fills with every part file the query layer reads for ``LiveRuns`` from now on."""
     read: list[str] = []
-    original = live._arrow
+    original = RunSet._read_parts
 
-    def recording_arrow(sql: str, params: dict | None = None) -> pa.Table:
-        read.extend((params or {}).get("files", []))
-        return original(sql, params)
+    def recording(cursor, sql: str, files: list[str]) -> pa.Table:
+        read.extend(files)
+        return original(cursor, sql, files)
 
-    monkeypatch.setattr(live, "_arrow", recording_arrow)
+    monkeypatch.setattr(RunSet, "_read_parts", staticmethod(recording))
     return read
 
 
@@ -62,7 +63,7 @@ def test_refresh_reads_only_the_part_files_it_has_not_read_before(tmp_path, monk
         live = fresh(tmp_path)
         live.turn_cells("live")
         first_parts = set(live.run_set.files("steps")) | set(live.run_set.files("turns"))
-        read = files_read(live, monkeypatch)
+        read = files_read(monkeypatch)
         log_updates(mon, 2, seed=1)
         live.refresh()
 
@@ -75,7 +76,7 @@ def test_a_runs_turn_rows_are_read_only_once_a_view_asks_for_them(tmp_path, monk
     with Monitor(tmp_path, "run", flush_interval_s=0.05) as mon:
         log_updates(mon, 3)
     live = LiveRuns(tmp_path, min_refresh_s=0)
-    read = files_read(live, monkeypatch)
+    read = files_read(monkeypatch)
     live.refresh()
     live.curves("run")
     tables_before = {Path(f).parts[-3] for f in read}
@@ -195,7 +196,7 @@ def test_an_unreadable_part_is_skipped_and_reported(tmp_path):
 
     live = fresh(tmp_path)
     assert live.steps("run").num_rows == 3
-    assert any("part-999999.parquet" in message for message in live.skipped_parts)
+    assert [Path(part.path).name for part in live.skipped_parts("run")] == ["part-999999.parquet"]
 
 
 def test_detector_firings_found_while_a_synthetic_run_is_written_equal_detect_over_the_whole_run(tmp_path):
@@ -231,12 +232,12 @@ def test_ctn_spans_start_where_the_guard_switched_ctn_on_in_a_real_run(ppo_logs)
     alerts = live.alerts(GUARDED)
     switched_on = alerts.filter(pc.equal(alerts.column("detector"), "ctn_on")).column("step").to_pylist()
 
-    curves = live.curves(GUARDED)
+    timeline = live.timeline(GUARDED)
     assert switched_on, "the guard switched CTN on in this run"
-    assert curves.ctn_spans
-    assert all(start >= switched_on[0] for start, _ in curves.ctn_spans)
-    assert {marker["severity"] for marker in curves.markers} <= {"warning", "critical"}
-    assert curves.markers
+    assert timeline.ctn_spans
+    assert all(start >= switched_on[0] for start, _ in timeline.ctn_spans)
+    assert {onset["severity"] for onset in timeline.onsets} <= {"warning", "critical"}
+    assert timeline.onsets
 
 
 def test_the_page_gets_the_last_verdict_while_a_new_post_mortem_runs_in_the_background(tmp_path, monkeypatch):
@@ -277,9 +278,9 @@ def test_verdict_is_the_postmortem_of_the_run(ppo_logs):
 
 def test_turn_view_opens_at_the_latest_update_that_reused_a_rollout_synthetic():
     steps = pa.table({"step": [0, 1, 2, 3, 4], "policy_lag": [0, 1, 2, 0, 0]})
-    assert off_policy_step(steps, [0, 1, 2, 3, 4]) == 2
-    assert off_policy_step(steps, [0, 3]) == 3
-    assert off_policy_step(steps, []) is None
+    assert latest_reused_step(steps, [0, 1, 2, 3, 4]) == 2
+    assert latest_reused_step(steps, [0, 3]) == 3
+    assert latest_reused_step(steps, []) is None
 
 
 def test_parts_compacted_after_they_were_read_are_not_counted_twice(tmp_path):
@@ -315,4 +316,48 @@ def test_turns_at_a_step_whose_parts_were_compacted_since_the_last_refresh_rerea
 
     assert rows.num_rows == 4 * 3
     assert set(rows.column("step").to_pylist()) == {1}
-    assert live.skipped_parts == []
+    assert live.skipped_parts("live") == []
+
+
+def test_detector_firings_of_a_two_rank_run_are_those_detect_finds_rank_by_rank(tmp_path):
+    rows = stable_rows(300)
+    for row in rows[200:]:
+        PATTERNS["clip_rise"](row)
+    for rank in (0, 1):
+        with Monitor(tmp_path, "ddp", rank=rank, world_size=2, flush_interval_s=0.05) as mon:
+            for row in rows if rank == 0 else rows[:200]:
+                mon.log_scalars(row["step"], {k: v for k, v in row.items() if k not in KEYS}, names=None)
+    live = fresh(tmp_path)
+
+    with open_runs(tmp_path) as runs:
+        expected = detect(runs, run_id="ddp")
+    assert expected.num_rows > 0
+    got = live.detector_alerts("ddp").select(["step", "detector", "severity"]).to_pylist()
+    assert got == expected.select(["step", "detector", "severity"]).to_pylist()
+    live.close()
+
+
+def test_the_verdict_is_computed_over_the_same_run_set_the_views_read(tmp_path, monkeypatch):
+    with Monitor(tmp_path, "run", flush_interval_s=0.05) as mon:
+        log_updates(mon, 4)
+    opened = []
+    original = live_module.open_runs
+    monkeypatch.setattr(live_module, "open_runs", lambda *args: opened.append(args) or original(*args))
+    live = fresh(tmp_path)
+
+    assert live.verdict("run").updates == 4
+    assert len(opened) == 1
+    live.close()
+
+
+def test_a_truncated_turns_part_is_left_out_of_the_turn_cells_and_named(tmp_path):
+    with Monitor(tmp_path, "run", flush_interval_s=3600, compact=False) as mon:
+        for _ in range(3):
+            log_updates(mon, 1)
+    victim = sorted((tmp_path / "run" / "turns" / "rank=0").glob("part-*.parquet"))[1]
+    victim.write_bytes(victim.read_bytes()[:100])
+    live = fresh(tmp_path)
+
+    assert sorted(set(live.turn_cells("run").column("step").to_pylist())) == [0, 2]
+    assert [(Path(p.path).name, p.table) for p in live.skipped_parts("run")] == [(victim.name, "turns")]
+    live.close()

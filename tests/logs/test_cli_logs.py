@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from sorl_monitor.dashboard_data import LiveRuns
+from sorl_monitor.live import LiveRuns
 from sorl_monitor.logs import read_log
 from sorl_monitor.query import open_runs
 from tests.logs.writers import TRL_STEPS, csv_file, jsonl_file, mlflow_store, tensorboard_run, verl_file

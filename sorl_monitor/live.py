@@ -1,0 +1,566 @@
+"""Runs read as they are written: what the dashboard, ``sorl watch`` and the HTML report draw from.
+
+    live = LiveRuns("runs/")          # nothing read yet; a missing or empty folder is not an error
+    live.refresh()                    # list part files again, read only the parts not read before
+    live.run_infos()                  # name, algorithm, status (live/finished/…), last step, collapse
+    live.curves("run-a")              # step rows and timeline (alert onsets, CTN spans, collapse)
+    live.turn_cells("run-a")          # turn-level IS ratio per (step, turn index), reduced as read
+
+Reading goes through the query layer (``RunSet.read_new``): each finished part is read once, a
+compaction makes the table read again, unreadable parts are left out and listed (``skipped_parts``).
+``steps`` rows of every run are kept as logged (the detectors and the collapse label read them so, and
+the figures their step rows, ``step_rows``); ``modules`` and ``alerts`` rows and ``turns`` cells only of
+runs something asked for. ``turns`` rows, the big table, are reduced while read to one row per (step,
+turn index) of mergeable pieces (count, sum, min, max of ``w̄_k``; token-ratio extremes; clipped turns).
+The detectors run incrementally over new blocks only; the post-mortem runs in a background thread over
+the same ``RunSet``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import json
+import math
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sorl_monitor.detectors import ALERT_COLUMNS, ArrowDetector, DetectorConfig, detect_params, with_columns
+from sorl_monitor.figures.overview import RunCurves
+from sorl_monitor.figures.series import column_values
+from sorl_monitor.postmortem import COLLAPSE_SQL, Verdict, postmortem
+from sorl_monitor.query import (
+    READ_PARTS_SQL,
+    STALE_AFTER_S,
+    CorruptPartWarning,
+    NewRows,
+    PartsRead,
+    QueryError,
+    RunSet,
+    SkippedPart,
+    open_runs,
+)
+from sorl_monitor.schema import SCHEMAS, conform
+from sorl_monitor.step_rows import step_rows
+from sorl_monitor.timeline import Timeline, alert_onsets, ctn_spans
+
+T = TypeVar("T")
+
+TURN_CELLS_SQL = """
+SELECT step, turn_idx,
+       count(ratio_mean) FILTER (WHERE isfinite(ratio_mean)) AS turns,
+       sum(ratio_mean) FILTER (WHERE isfinite(ratio_mean)) AS ratio_sum,
+       min(ratio_mean) FILTER (WHERE isfinite(ratio_mean)) AS ratio_mean_min,
+       max(ratio_mean) FILTER (WHERE isfinite(ratio_mean)) AS ratio_mean_max,
+       min(ratio_min) AS token_ratio_min, max(ratio_max) AS token_ratio_max,
+       count(*) FILTER (WHERE turn_clipped) AS clipped
+FROM read_parquet($files, union_by_name = true) GROUP BY step, turn_idx
+"""
+"""Per (step, turn index) of new ``turns`` parts: the mergeable pieces of the turn-ratio statistics
+(``w̄_k = mean_{t∈k} r_t`` per turn; pieces of one step split over parts or ranks merge by sum, min, max)."""
+
+TURNS_AT_SQL = """
+SELECT * EXCLUDE (run_id, iteration, ppo_epoch, minibatch, policy_lag, wall_time)
+FROM turns WHERE run_id = $run_id AND step = $step ORDER BY rank, sample_id, turn_idx
+"""
+"""The raw ``turns`` rows of one step of one run."""
+
+KEPT_COLUMNS = {
+    "modules": ("step", "rank", "module", "grad_norm", "param_norm"),
+    "alerts": ("step", "kind", "detector", "severity", "value", "threshold", "message"),
+}
+"""The columns kept in memory of the tables not kept whole."""
+READERS = {"turns": TURN_CELLS_SQL}
+"""How a table's new parts are read (the others: whole rows)."""
+MAX_CHUNKS = 64
+"""Kept tables grow by one Arrow chunk per read; past this many they are combined into one."""
+
+STATUS_LABELS = {"running": "live", "finished": "finished", "failed": "failed", "stale": "stale"}
+"""How a run's ``run.json`` status shows (``stale``: marked running but silent for long)."""
+
+
+@dataclass
+class RunInfo:
+    """One run as the run picker shows it."""
+
+    run_id: str
+    path: str
+    algorithm: str | None
+    status: str
+    """``live`` (still written), ``finished``, ``failed``, ``stale`` (marked running, silent for long), ``imported``."""
+    updates: int
+    last_step: int | None
+    last_reward: float | None
+    collapse_step: int | None
+    idle_s: float | None
+
+    @property
+    def label(self) -> str:
+        """``name · algorithm · status · step N`` (``collapsed at S`` when the collapse label fired)."""
+        parts = [self.run_id, self.algorithm or "?", self.status]
+        if self.collapse_step is not None:
+            parts.append(f"collapsed at {self.collapse_step}")
+        parts.append("no updates yet" if self.last_step is None else f"step {self.last_step}")
+        return " · ".join(parts)
+
+
+@dataclass
+class _Run:
+    """What has been read of one run so far."""
+
+    path: str
+    seen: dict[str, PartsRead] = field(default_factory=dict)
+    tables: dict[str, pa.Table] = field(default_factory=dict)
+    """Rows read per table (``turns``: cell pieces), in chunks."""
+    wanted: set[str] = field(default_factory=set)
+    version: int = 0
+    memo: dict[str, tuple[int, Any]] = field(default_factory=dict)
+    pending_verdict: concurrent.futures.Future | None = None
+    foreign: pa.Table | None = None
+    """A foreign log's rows as the query layer holds them (they are its ``steps``)."""
+
+    def take(self, table: str, new: NewRows) -> bool:
+        """Add ``new`` rows of ``table`` (dropping what was read before after a compaction)."""
+        if new.reset:
+            self.tables.pop(table, None)
+        if new.rows is not None:
+            rows = new.rows
+            if table in KEPT_COLUMNS:
+                rows = rows.select([c for c in KEPT_COLUMNS[table] if c in rows.column_names])
+            previous = self.tables.get(table)
+            if previous is not None:
+                rows = pa.concat_tables([previous, rows], promote_options="permissive")
+                if rows.column(0).num_chunks > MAX_CHUNKS:
+                    rows = rows.combine_chunks()
+            self.tables[table] = rows
+        if new.reset or new.rows is not None:
+            self.version += 1
+            return True
+        return False
+
+
+class LiveRuns:
+    """The runs of a log dir (or of an open ``RunSet``), read incrementally; safe to share between threads.
+
+    Args:
+        source: the folder a ``Monitor`` writes runs to (or one run folder, or another tool's log:
+            ``sorl_monitor.logs``), or a ``RunSet`` already open (then the caller closes it).
+        fmt: force that log's format (``logs.FORMATS``); detected when ``None``.
+        min_refresh_s: ``refresh`` calls closer together than this do nothing (many viewers, one read).
+        detector_config: thresholds for the alert onsets, the collapse label and the verdict.
+        verdict_every_s: while a run is written its post-mortem is recomputed at most this often.
+    """
+
+    def __init__(
+        self,
+        source: str | Path | RunSet,
+        *,
+        fmt: str | None = None,
+        min_refresh_s: float = 0.25,
+        detector_config: DetectorConfig | None = None,
+        verdict_every_s: float = 30.0,
+    ) -> None:
+        self.run_set: RunSet | None = source if isinstance(source, RunSet) else None
+        self._owns_run_set = self.run_set is None
+        self.log_dir = self.run_set.roots[0] if self.run_set is not None else Path(source)
+        self.fmt = fmt
+        self.min_refresh_s = min_refresh_s
+        self.detector_config = detector_config or DetectorConfig()
+        self.verdict_every_s = verdict_every_s
+        self.problem: str | None = None
+        """Why there is nothing to show (missing folder, no runs yet), or ``None``."""
+        self._runs: dict[str, _Run] = {}
+        self._infos: pa.Table | None = None
+        self._lock = threading.RLock()
+        self._last_refresh = -math.inf
+        self._closed = False
+        self._con = duckdb.connect(config={"threads": 1})
+        self._detector = ArrowDetector(self.detector_config)
+        self._background = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="sorl-verdict"
+        )
+
+    # ------------------------------------------------------------------ reading
+    def refresh(self, force: bool = False) -> bool:
+        """Pick up new runs and part files (at most every ``min_refresh_s``). True if anything new was read."""
+        with self._lock:
+            now = time.monotonic()
+            if self._closed or (not force and now - self._last_refresh < self.min_refresh_s):
+                return False
+            self._last_refresh = now
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", CorruptPartWarning)  # listed by skipped_parts instead
+                return self._refresh()
+
+    def _refresh(self) -> bool:
+        if self.run_set is None:
+            if not self._open():
+                return False
+        else:
+            self.run_set.refresh()
+        assert self.run_set is not None
+        self._infos = self.run_set.sql("SELECT * FROM runs")
+        changed = False
+        for row in self._infos.select(["run_id", "path"]).to_pylist():
+            run = self._runs.setdefault(row["run_id"], _Run(row["path"]))
+            foreign = self.run_set.foreign.get(row["run_id"])
+            if foreign is not None:
+                changed |= self._take_foreign_steps(run, foreign.steps)
+                continue
+            for table in ("steps", *sorted(run.wanted)):
+                changed |= self._read_new(row["run_id"], run, table)
+        return changed
+
+    def _open(self) -> bool:
+        if not self.log_dir.exists():
+            self.problem = (
+                f"The folder {self.log_dir} does not exist (yet). "
+                "Point the dashboard at the log_dir your Monitor writes to."
+            )
+            return False
+        try:
+            self.run_set = open_runs(self.log_dir, self.fmt)
+        except QueryError as error:
+            if not self.log_dir.is_dir():
+                self.problem = f"{self.log_dir} is a file that cannot be read as a log: {error}"
+                return False
+            self.problem = (
+                f"No runs in {self.log_dir} yet. Start training with Monitor(log_dir={str(self.log_dir)!r}); "
+                "this page picks the run up by itself."
+            )
+            return False
+        except OSError as error:
+            self.problem = f"Cannot read {self.log_dir}: {error.strerror or error}."
+            return False
+        self.problem = None
+        return True
+
+    @staticmethod
+    def _take_foreign_steps(run: _Run, steps: pa.Table) -> bool:
+        """Keep a foreign log's rows as the run's ``steps`` (the query layer reads the log again when it changes)."""
+        if run.foreign is steps:
+            return False
+        run.foreign = steps
+        run.tables["steps"] = conform("steps", steps)
+        run.version += 1
+        run.memo.clear()
+        return True
+
+    def _read_new(self, run_id: str, run: _Run, table: str) -> bool:
+        assert self.run_set is not None
+        seen = run.seen.setdefault(table, PartsRead())
+        return run.take(table, self.run_set.read_new(run_id, table, seen, READERS.get(table, READ_PARTS_SQL)))
+
+    def _wanted(self, run_id: str, table: str) -> _Run:
+        """The run, with ``table`` read (now, and on every refresh from now on)."""
+        with self._lock:
+            run = self._run(run_id)
+            if table not in run.wanted:
+                run.wanted.add(table)
+                if run.foreign is None:
+                    self._read_new(run_id, run, table)
+            return run
+
+    # ------------------------------------------------------------------ runs
+    def run_ids(self) -> list[str]:
+        """Every run found, in the order they were created."""
+        return [info.run_id for info in self.run_infos()]
+
+    def run_infos(self) -> list[RunInfo]:
+        """Each run's algorithm, status, updates, last step and reward, and collapse step."""
+        with self._lock:
+            if self._infos is None:
+                return []
+            now = time.time()
+            ordered = self._infos.sort_by([("created_at", "ascending"), ("run_id", "ascending")])
+            return [self._info(row, now) for row in ordered.to_pylist()]
+
+    def _info(self, row: dict[str, Any], now: float) -> RunInfo:
+        steps = self.steps(row["run_id"])
+        idle = None if row["last_write"] is None else max(0.0, now - row["last_write"])
+        status = row["status"] or "unknown"
+        if status == "running" and idle is not None and idle > STALE_AFTER_S:
+            status = "stale"
+        rewards = column_values(steps, "reward_mean")
+        finite = rewards[np.isfinite(rewards)]
+        return RunInfo(
+            run_id=row["run_id"],
+            path=row["path"],
+            algorithm=row["algorithm"],
+            status=STATUS_LABELS.get(status, status),
+            updates=steps.num_rows,
+            last_step=pc.max(steps.column("step")).as_py() if steps.num_rows else None,
+            last_reward=float(finite[-1]) if len(finite) else None,
+            collapse_step=self.collapse_step(row["run_id"]),
+            idle_s=idle,
+        )
+
+    def run_info(self, run_id: str) -> RunInfo | None:
+        return next((info for info in self.run_infos() if info.run_id == run_id), None)
+
+    def skipped_parts(self, run_id: str) -> list[SkippedPart]:
+        """The run's part files left out because they do not read, with the reason."""
+        return [] if self.run_set is None else self.run_set.skipped_parts(run_id)
+
+    def version(self, run_id: str) -> int:
+        """A number that changes whenever new rows of ``run_id`` were read (for caching what is drawn)."""
+        with self._lock:
+            return self._run(run_id).version
+
+    # ------------------------------------------------------------------ tables
+    def logged_steps(self, run_id: str) -> pa.Table:
+        """The run's ``steps`` rows as logged (every rank, every row), in reading order."""
+        with self._lock:
+            return self._run(run_id).tables.get("steps", SCHEMAS["steps"].empty_table())
+
+    def steps(self, run_id: str) -> pa.Table:
+        """One row per logged step, in step order (``step_rows``)."""
+        return self._memo(run_id, "steps", lambda run: step_rows(self.logged_steps(run_id), run_id))
+
+    def turn_cells(self, run_id: str) -> pa.Table:
+        """Per (step, turn index): ``turns, ratio_mean, ratio_mean_min, ratio_mean_max, token_ratio_min,
+        token_ratio_max, clipped_share``; empty when the run logged no turns."""
+        self._wanted(run_id, "turns")
+        return self._memo(run_id, "turn_cells", lambda run: merge_turn_cells(run.tables.get("turns")))
+
+    def turns_at(self, run_id: str, step: int) -> pa.Table:
+        """The raw ``turns`` rows of one step."""
+        assert self.run_set is not None
+        return self.run_set.sql(TURNS_AT_SQL, {"run_id": run_id, "step": step})
+
+    def modules(self, run_id: str) -> pa.Table:
+        """``step, rank, module, grad_norm, param_norm`` rows (empty when ``Monitor.watch`` was not used)."""
+        run = self._wanted(run_id, "modules")
+        with self._lock:
+            rows = run.tables.get("modules")
+        return (
+            SCHEMAS["modules"].empty_table().select(list(KEPT_COLUMNS["modules"])) if rows is None else rows
+        )
+
+    def alerts(self, run_id: str) -> pa.Table:
+        """Rows the trainer logged in ``alerts`` (``kind`` alert or action: ``ctn_on``/``ctn_off``), by step."""
+        run = self._wanted(run_id, "alerts")
+        with self._lock:
+            rows = run.tables.get("alerts")
+        if rows is None:
+            return SCHEMAS["alerts"].empty_table().select(list(KEPT_COLUMNS["alerts"]))
+        return rows.sort_by([("step", "ascending")])
+
+    # ------------------------------------------------------------------ detectors and timeline
+    def detector_alerts(self, run_id: str) -> pa.Table:
+        """The detectors' firings over the run's rows (``detect``'s columns), as ``detect`` finds them.
+
+        Incremental: each call runs the detectors over the blocks from the one that held the last step
+        checked (windows look back, never forward, so earlier blocks' firings stay; a block still being
+        written when last checked is judged again on all its rows).
+        """
+        with self._lock:
+            run = self._run(run_id)
+            stored = run.memo.get("detect")
+            if stored is not None and stored[0] == run.version:
+                return stored[1][1]
+            checked, found = stored[1] if stored is not None else (None, ALERT_COLUMNS.empty_table())
+            rows = self.logged_steps(run_id)
+            if rows.num_rows:
+                block = self.detector_config.smooth_steps
+                after = None if checked is None else (checked // block) * block - 1
+                if after is not None:
+                    found = found.filter(pc.less_equal(found.column("step"), after))
+                found = pa.concat_tables([found, self._detector(rows, run_id, after_step=after)])
+                checked = pc.max(rows.column("step")).as_py()
+            run.memo["detect"] = (run.version, (checked, found))
+            return found
+
+    def collapse_step(self, run_id: str) -> int | None:
+        """The step the collapse label fires at, or ``None``."""
+        label = self.collapse_label(run_id)
+        return None if label is None else label["collapse_step"]
+
+    def collapse_label(self, run_id: str) -> dict[str, Any] | None:
+        """The run's row of ``postmortem.COLLAPSE_SQL`` (``collapse_step``, ``collapse_reason``, …), or ``None``
+        before the run logged a step."""
+        return self._memo(run_id, "collapse", lambda run: self._collapse_label(run_id))
+
+    def _collapse_label(self, run_id: str) -> dict[str, Any] | None:
+        rows = self.logged_steps(run_id)
+        if rows.num_rows == 0:
+            return None
+        self._con.register("steps", with_columns(rows, ["reward_mean", "loss", "pg_loss"], run_id))
+        try:
+            params = detect_params(COLLAPSE_SQL, self.detector_config, run_id)
+            result = self._con.sql(COLLAPSE_SQL, params=params).to_arrow_table().to_pylist()
+        finally:
+            self._con.unregister("steps")
+        return result[0] if result else None
+
+    def timeline(self, run_id: str) -> Timeline:
+        """Alert onsets (the trainer's logged alerts and the detectors' firings), CTN-on spans (the
+        ``ctn_active`` column, else the guard's ``ctn_on``/``ctn_off`` actions) and the collapse step."""
+        self._wanted(run_id, "alerts")
+        return self._memo(run_id, "timeline", lambda run: self._timeline(run_id))
+
+    def _timeline(self, run_id: str) -> Timeline:
+        steps = self.steps(run_id)
+        logged = self.alerts(run_id)
+        is_action = pc.equal(logged.column("kind"), "action")
+        fired = [*logged.filter(pc.invert(is_action)).to_pylist(), *self.detector_alerts(run_id).to_pylist()]
+        unique = list({(row["step"], row["detector"]): row for row in fired}.values())
+        step_list = steps.column("step").to_pylist()
+        active = steps.column("ctn_active").to_pylist() if "ctn_active" in steps.column_names else []
+        actions = [(row["step"], row["detector"]) for row in logged.filter(is_action).to_pylist()]
+        return Timeline(
+            alert_onsets(unique, step_list, self.detector_config.smooth_steps),
+            ctn_spans(
+                step_list, active if len(active) == len(step_list) else [None] * len(step_list), actions
+            ),
+            self.collapse_step(run_id),
+        )
+
+    def curves(self, run_id: str) -> RunCurves:
+        """What the overview draws of the run: its step rows and its timeline."""
+        return RunCurves(run_id, self.steps(run_id), self.timeline(run_id))
+
+    def clip_eps(self, run_id: str) -> float:
+        """The run's PPO clip ε (``clip_eps`` in its config), else the detectors' turn-ratio ε."""
+        with self._lock:
+            infos = self._infos
+        rows = [] if infos is None else infos.filter(pc.equal(infos.column("run_id"), run_id)).to_pylist()
+        config = json.loads(rows[0]["config"] or "{}") if rows else {}
+        value = config.get("clip_eps") if isinstance(config, dict) else None
+        return float(value) if isinstance(value, int | float) else self.detector_config.turn_ratio_eps
+
+    # ------------------------------------------------------------------ verdict
+    def verdict(self, run_id: str, wait_s: float | None = None) -> Verdict | None:
+        """The newest post-mortem of ``run_id`` so far (``None`` before one is ready).
+
+        The post-mortem (``sorl_monitor.postmortem``, over the same ``RunSet``) runs in a background
+        thread: started when none exists yet, and again when new rows arrived and the last one is
+        ``verdict_every_s`` old. The call waits for a running one up to ``wait_s`` seconds (``None``:
+        until it is done), then returns the newest finished verdict. Its error is raised here.
+        """
+        with self._lock:
+            run = self._run(run_id)
+            if self.steps(run_id).num_rows == 0:
+                return None
+            pending = self._collect_verdict(run)
+            done = run.memo.get("verdict")
+            due = done is None or (
+                done[0] != run.version and time.monotonic() - done[1][0] >= self.verdict_every_s
+            )
+            if due and pending is None:
+                pending = run.pending_verdict = self._background.submit(self._postmortem, run_id, run.version)
+        if pending is not None:
+            with contextlib.suppress(concurrent.futures.TimeoutError):
+                pending.result(timeout=wait_s)
+        with self._lock:
+            self._collect_verdict(run)
+            done = run.memo.get("verdict")
+            return None if done is None else done[1][1]
+
+    def verdict_pending(self, run_id: str) -> bool:
+        """Whether a post-mortem of ``run_id`` is running in the background."""
+        with self._lock:
+            return self._collect_verdict(self._run(run_id)) is not None
+
+    def _collect_verdict(self, run: _Run) -> concurrent.futures.Future | None:
+        """Keep a finished background post-mortem (raising its error); the one still running, if any."""
+        pending = run.pending_verdict
+        if pending is None or not pending.done():
+            return pending
+        run.pending_verdict = None
+        version, verdict = pending.result()
+        run.memo["verdict"] = (version, (time.monotonic(), verdict))
+        return None
+
+    def _postmortem(self, run_id: str, version: int) -> tuple[int, Verdict]:
+        assert self.run_set is not None
+        return version, postmortem(self.run_set, run_id, self.detector_config)
+
+    # ------------------------------------------------------------------ plumbing
+    def _run(self, run_id: str) -> _Run:
+        run = self._runs.get(run_id)
+        if run is None:
+            raise QueryError(f"no run {run_id!r} in {self.log_dir}")
+        return run
+
+    def _memo(self, run_id: str, name: str, compute: Callable[[_Run], T]) -> T:
+        """``compute(run)``, remembered until new rows of ``run_id`` are read."""
+        with self._lock:
+            run = self._run(run_id)
+            stored = run.memo.get(name)
+            if stored is not None and stored[0] == run.version:
+                return stored[1]
+            value = compute(run)
+            run.memo[name] = (run.version, value)
+            return value
+
+    def close(self) -> None:
+        """Stop the background post-mortems and close the DuckDB connections (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._background.shutdown(wait=True, cancel_futures=True)
+        with self._lock:
+            self._con.close()
+            self._detector.close()
+            if self._owns_run_set and self.run_set is not None:
+                self.run_set.close()
+
+
+def merge_turn_cells(pieces: pa.Table | None) -> pa.Table:
+    """One row per (step, turn index) from ``TURN_CELLS_SQL`` pieces: ``turns``, mean turn ratio
+    ``ratio_mean``, its min and max over the step's episodes, the token-ratio extremes inside those turns,
+    and ``clipped_share`` (turns outside the trust region), in (step, turn) order."""
+    if pieces is None or pieces.num_rows == 0:
+        return pa.table(
+            {"step": pa.array([], pa.int64()), "turn_idx": pa.array([], pa.int32()),
+             "turns": pa.array([], pa.int64()), "ratio_mean": pa.array([], pa.float64())}
+        )  # fmt: skip
+    merged = pieces.group_by(["step", "turn_idx"], use_threads=False).aggregate(
+        [("turns", "sum"), ("ratio_sum", "sum"), ("ratio_mean_min", "min"), ("ratio_mean_max", "max"),
+         ("token_ratio_min", "min"), ("token_ratio_max", "max"), ("clipped", "sum")]
+    )  # fmt: skip
+    turns = merged.column("turns_sum")
+    counted = pc.if_else(pc.greater(turns, 0), turns, None).cast(pa.float64())
+    return pa.table(
+        {
+            "step": merged.column("step"),
+            "turn_idx": merged.column("turn_idx"),
+            "turns": turns,
+            "ratio_mean": pc.divide(merged.column("ratio_sum_sum"), counted),
+            "ratio_mean_min": merged.column("ratio_mean_min_min"),
+            "ratio_mean_max": merged.column("ratio_mean_max_max"),
+            "token_ratio_min": merged.column("token_ratio_min_min"),
+            "token_ratio_max": merged.column("token_ratio_max_max"),
+            "clipped_share": pc.divide(merged.column("clipped_sum").cast(pa.float64()), counted),
+        }
+    ).sort_by([("step", "ascending"), ("turn_idx", "ascending")])
+
+
+def latest_reused_step(steps: pa.Table, candidates: Iterable[int]) -> int | None:
+    """The latest of ``candidates`` whose ``policy_lag`` is above 0, else the latest of them.
+
+    The first update on a fresh rollout has every ratio ``π_θ/π_old`` equal to 1; the turn view opens at
+    the latest update that reused a rollout, where the ratios say something.
+    """
+    chosen = sorted(set(candidates))
+    if not chosen:
+        return None
+    if "policy_lag" in steps.column_names:
+        lags = dict(
+            zip(steps.column("step").to_pylist(), steps.column("policy_lag").to_pylist(), strict=True)
+        )
+        reused = [step for step in chosen if (lags.get(step) or 0) > 0]
+        if reused:
+            return reused[-1]
+    return chosen[-1]
