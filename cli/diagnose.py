@@ -15,12 +15,13 @@ import pyarrow as pa
 import typer
 
 from cli.common import RUN_PATH_HELP, LogFormatOption, console, fail, open_or_fail, print_table, user_errors
-from sorl_monitor.detectors import DetectorConfig, detect, load_config
+from sorl_monitor.detectors import DetectorConfig, load_config
+from sorl_monitor.live import LiveRuns
 from sorl_monitor.notify import Notifier, alert_text, collapse_text
-from sorl_monitor.postmortem import Verdict, label_collapse
+from sorl_monitor.postmortem import Verdict
 from sorl_monitor.postmortem import postmortem as run_postmortem
 from sorl_monitor.query import RunSet
-from sorl_monitor.report import alert_onsets, build_report, logged_steps
+from sorl_monitor.report import build_report
 
 EXIT_HEALTHY = 0
 """``sorl postmortem``: healthy, no collapse labelled (alerts may still be listed as notes)."""
@@ -263,34 +264,30 @@ def _watch(
     started = time.monotonic()
     with open_or_fail(run, fmt) as run_set:
         run_id = pick_run(run_set, run, run_id)
+        live = LiveRuns(run_set, detector_config=config, min_refresh_s=0)
         printed: set[tuple[int, str, str]] = set()
         collapse_shown = False
         try:
             console.print(f"watching {run_id} (Ctrl-C to stop)")
             while True:
-                run_set.refresh()
+                live.refresh()
                 # the status as of this refresh: a finished run's parts were all on disk before it
-                status = run_set.sql(
-                    "SELECT status FROM runs WHERE run_id = $run_id", {"run_id": run_id}
-                ).to_pylist()
-                alerts = detect(run_set, config, run_id).to_pylist()
-                actions = run_set.sql(
-                    "SELECT step, detector AS action, message FROM alerts WHERE run_id = $run_id AND kind = 'action'",
-                    {"run_id": run_id},
-                ).to_pylist()
+                info = live.run_info(run_id)
+                logged = live.alerts(run_id).to_pylist()
                 events = [
                     (r["step"], r["detector"], r["severity"], _alert_line(r), alert_text(run_id, r))
-                    for r in alert_onsets(alerts, logged_steps(run_set, run_id), config.smooth_steps)
+                    for r in live.timeline(run_id).onsets
                 ]
                 events += [
                     (
                         a["step"],
-                        a["action"],
+                        a["detector"],
                         "action",
-                        f"step {a['step']:>7}  [cyan]{a['action']:<8}[/] {a['message']}",
-                        alert_text(run_id, {"kind": "action", "detector": a["action"], **a}),
+                        f"step {a['step']:>7}  [cyan]{a['detector']:<8}[/] {a['message']}",
+                        alert_text(run_id, a),
                     )
-                    for a in actions
+                    for a in logged
+                    if a["kind"] == "action"
                 ]
                 for step, name, kind, line, text in sorted(events):
                     if (step, name, kind) not in printed:
@@ -298,18 +295,16 @@ def _watch(
                         console.print(line, highlight=False)
                         if notifier is not None:
                             notifier.send(text)
-                label = label_collapse(run_set, config, run_id).to_pylist()
-                if not collapse_shown and label and label[0]["collapse_step"] is not None:
+                label = live.collapse_label(run_id)
+                if not collapse_shown and label and label["collapse_step"] is not None:
                     collapse_shown = True
                     console.print(
-                        f"[bold red]collapse[/] at step {label[0]['collapse_step']} ({label[0]['collapse_reason']})"
+                        f"[bold red]collapse[/] at step {label['collapse_step']} ({label['collapse_reason']})"
                     )
                     if notifier is not None:
-                        notifier.send(
-                            collapse_text(run_id, label[0]["collapse_step"], label[0]["collapse_reason"])
-                        )
-                if status and status[0]["status"] in ("finished", "failed"):
-                    console.print(f"run {run_id} is {status[0]['status']}")
+                        notifier.send(collapse_text(run_id, label["collapse_step"], label["collapse_reason"]))
+                if info is not None and info.status in ("finished", "failed"):
+                    console.print(f"run {run_id} is {info.status}")
                     return
                 if max_seconds is not None and time.monotonic() - started >= max_seconds:
                     return
@@ -317,3 +312,5 @@ def _watch(
                 time.sleep(min(interval, remaining))
         except KeyboardInterrupt:
             console.print("stopped")
+        finally:
+            live.close()

@@ -122,7 +122,7 @@ def test_user_mistakes_get_one_line_and_exit_2(runs, tmp_path, args, message):
     assert len(result.output.strip().splitlines()) == 1
 
 
-def test_report_writes_one_page_with_four_figures_per_run_and_inline_plotly(runs, tmp_path):
+def test_report_writes_one_page_with_the_dashboards_figures_per_run_and_inline_plotly(runs, tmp_path):
     page = tmp_path / "out" / "report.html"
     result = invoke("report", runs["healthy"], runs["collapsed"], "--html", page)
     html = page.read_text()

@@ -1,14 +1,14 @@
-"""Report helpers: alert onsets over logged updates, CTN-on spans from ctn_active or from guard actions, marker
-panels, and the HTML verdict."""
+"""Timeline helpers (alert onsets over logged updates, CTN-on spans from ctn_active or from guard actions) and the
+HTML verdict."""
 
 from __future__ import annotations
 
 import html
 
-from sorl_monitor.detectors import DETECTOR_NAMES
 from sorl_monitor.postmortem import postmortem
 from sorl_monitor.query import open_runs
-from sorl_monitor.report import CURVE_ROWS, DETECTOR_PANEL, alert_onsets, ctn_spans, verdict_html
+from sorl_monitor.report import verdict_html
+from sorl_monitor.timeline import alert_onsets, ctn_spans
 from tests.detectors.synthetic import pattern_rows, write_rows
 
 
@@ -41,10 +41,11 @@ def test_ctn_spans_fall_back_to_guard_actions_when_ctn_active_was_not_logged():
     assert spans == [(1, 3), (4, 5)]
 
 
-def test_every_detector_has_a_curve_panel_for_its_markers():
-    assert [name for name in DETECTOR_NAMES if name not in DETECTOR_PANEL] == []
-    curves = {column for column, _, _ in CURVE_ROWS}
-    assert {d: columns for d, columns in DETECTOR_PANEL.items() if not curves & set(columns)} == {}
+def test_each_onset_carries_its_detectors_family():
+    onsets = alert_onsets(
+        [alert(1), alert(2, "grad_norm_spike"), alert(3, "a_trainers_own_alert")], [1, 2, 3]
+    )
+    assert [a["family"] for a in onsets] == ["kl", "gradient", "other"]
 
 
 def test_the_html_verdict_of_a_healthy_synthetic_run_lists_its_notes_but_no_root_cause_or_remedy(tmp_path):
