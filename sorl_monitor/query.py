@@ -31,6 +31,7 @@ import re
 import shutil
 import tempfile
 import threading
+import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -611,13 +612,14 @@ class RunSet:
         *,
         timeout_s: float = USER_SQL_TIMEOUT_S,
         max_rows: int | None = None,
+        cancel: threading.Event | None = None,
     ) -> pa.Table:
         """Run a user's read-only statement (``sorl query``, a dashboard's SQL box) and return an Arrow table.
 
         It runs on a cursor of its own without holding the run set's lock (a ``refresh`` never waits for it),
-        is stopped after ``timeout_s`` seconds, is bounded by ``memory_limit``, and fetches at most
-        ``max_rows`` rows (ask for one more to learn whether there are more). Any problem, a time or memory
-        limit hit included, is a one-line ``QueryError``.
+        is stopped after ``timeout_s`` seconds or soon after another thread sets ``cancel``, is bounded by
+        ``memory_limit``, and fetches at most ``max_rows`` rows (ask for one more to learn whether there are
+        more). Any problem, a time or memory limit hit or a cancel included, is a one-line ``QueryError``.
         """
         check_setting("timeout_s", timeout_s, above=0)
         if max_rows is not None:
@@ -625,7 +627,7 @@ class RunSet:
         check_read_only(query)
         for attempt in range(READ_ATTEMPTS):
             try:
-                return self._run_limited(query, params, timeout_s, max_rows)
+                return self._run_limited(query, params, timeout_s, max_rows, cancel)
             except (*QUERY_MISTAKES, *RESULT_ERRORS) as error:
                 raise QueryError(f"bad SQL: {_first_line(error)}") from None
             except duckdb.OutOfMemoryException:
@@ -642,20 +644,30 @@ class RunSet:
         raise AssertionError("unreachable")
 
     def _run_limited(
-        self, query: str, params: dict[str, Any] | None, timeout_s: float, max_rows: int | None
+        self,
+        query: str,
+        params: dict[str, Any] | None,
+        timeout_s: float,
+        max_rows: int | None,
+        cancel: threading.Event | None,
     ) -> pa.Table:
         with self._lock:
             cursor = self.con.cursor()
-        expired = threading.Event()
+        finished, expired = threading.Event(), threading.Event()
 
-        def stop() -> None:
-            expired.set()
-            with contextlib.suppress(duckdb.Error):
-                cursor.interrupt()
+        def watch() -> None:
+            """Interrupt the statement at its time limit, or within 0.1 s of ``cancel`` being set."""
+            deadline = time.monotonic() + timeout_s
+            while not finished.wait(min(0.1, max(deadline - time.monotonic(), 0.0))):
+                cancelled = cancel is not None and cancel.is_set()
+                if cancelled or time.monotonic() >= deadline:
+                    if not cancelled:
+                        expired.set()
+                    with contextlib.suppress(duckdb.Error):
+                        cursor.interrupt()
+                    return
 
-        timer = threading.Timer(timeout_s, stop)
-        timer.daemon = True
-        timer.start()
+        threading.Thread(target=watch, name="sorl-sql-limit", daemon=True).start()
         try:
             relation = cursor.sql(query, params=params or None)
             if relation is None:
@@ -664,9 +676,11 @@ class RunSet:
         except (duckdb.InterruptException, RuntimeError):
             if expired.is_set():
                 raise QueryError(f"query stopped at its time limit of {timeout_s:g} s") from None
+            if cancel is not None and cancel.is_set():
+                raise QueryError("query stopped") from None
             raise
         finally:
-            timer.cancel()
+            finished.set()
             cursor.close()
 
     def _run(self, query: str, params: dict[str, Any] | None) -> pa.Table:

@@ -1,0 +1,46 @@
+"""``BackgroundQuery``: a user's statement in the background, stopped by its time limit or on cancel."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from sorl_monitor.background_query import BackgroundQuery
+from sorl_monitor.query import QueryError, open_runs
+from tests.conftest import write_run
+
+RUNAWAY = (
+    "SELECT sum(a.step * b.step * c.step * d.step * e.step) FROM turns a, turns b, turns c, turns d, turns e"
+)
+
+
+def test_the_rows_of_a_statement_come_back_at_most_max_rows(tmp_path):
+    write_run(tmp_path, "run", updates=6)
+    with open_runs(tmp_path) as runs:
+        query = BackgroundQuery(runs, "SELECT step FROM steps ORDER BY step", timeout_s=30, max_rows=4)
+        assert query.result().column("step").to_pylist() == [0, 1, 2, 3]
+        assert query.done()
+
+
+def test_a_runaway_statement_stops_at_its_time_limit(tmp_path):
+    write_run(tmp_path, "run", updates=6)
+    with open_runs(tmp_path) as runs:
+        query = BackgroundQuery(runs, RUNAWAY, timeout_s=0.5, max_rows=10)
+        with pytest.raises(QueryError, match="time limit of 0.5 s"):
+            query.result()
+        assert query.elapsed_s < 10
+
+
+def test_cancel_stops_a_runaway_statement_at_once_and_other_queries_never_wait_for_it(tmp_path):
+    write_run(tmp_path, "run", updates=6)
+    with open_runs(tmp_path) as runs:
+        query = BackgroundQuery(runs, RUNAWAY, timeout_s=120, max_rows=10)
+        started = time.monotonic()
+        assert runs.sql("SELECT count(*) AS n FROM steps").column("n")[0].as_py() == 6
+        assert not query.done(wait_s=0.3)
+        query.cancel()
+        assert query.done(wait_s=5)
+        with pytest.raises(QueryError, match="query stopped"):
+            query.result()
+    assert time.monotonic() - started < 10
