@@ -18,7 +18,7 @@ import typer
 
 import dashboard
 from cli.common import LogFormatOption, err_console, fail, user_errors
-from dashboard.common import CONFIG_ENV, FORMAT_ENV, LOG_DIR_ENV, OVERRIDES_ENV, REFRESH_ENV
+from dashboard.settings import CONFIG_ENV, FORMAT_ENV, LOG_DIR_ENV, OVERRIDES_ENV, REFRESH_ENV
 from sorl_monitor.detectors import load_config
 from sorl_monitor.logs import FORMATS, detect_format
 
@@ -68,8 +68,8 @@ def dashboard_command(
         str, typer.Option(help="Address to bind; 127.0.0.1 keeps the dashboard on this machine.")
     ] = "127.0.0.1",
     refresh: Annotated[
-        float, typer.Option(min=0.5, help="Seconds between live redraws of a run being written.")
-    ] = 2.0,
+        float, typer.Option(min=0.25, help="Seconds between live redraws of a run being written.")
+    ] = 1.0,
     config: Annotated[
         Path | None,
         typer.Option("--config", help="TOML file of detector settings (as for sorl postmortem)."),

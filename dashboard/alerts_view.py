@@ -1,5 +1,4 @@
-"""Alerts & verdict tab: the alerts the trainer logged (detector firings, CTN switches), the detectors'
-findings and the post-mortem verdict with its root cause."""
+"""Alerts & verdict tab: the alerts and CTN switches the trainers logged, then each run's post-mortem verdict."""
 
 from __future__ import annotations
 
@@ -10,53 +9,68 @@ import pyarrow.compute as pc
 import streamlit as st
 
 from dashboard import common
-from sorl_monitor.dashboard_data import LiveRuns
+from sorl_monitor.figures.overview import OverviewOptions
+from sorl_monitor.live import LiveRuns
 from sorl_monitor.postmortem import Verdict
 
 VERDICT_WAIT_S = 1.0
 """How long a page run waits for a post-mortem in progress before showing the last one (or a note)."""
+VERDICTS_PER_ROW = 3
 
 
-def render(live: LiveRuns, run_ids: Sequence[str], refresh_s: float | None) -> None:
-    run_id = common.pick_one(run_ids, key="alerts-run")
-    common.live_fragment(refresh_s, _alerts, live, run_id)
+def render(live: LiveRuns, run_ids: Sequence[str], refresh_s: float | None, options: OverviewOptions) -> None:
+    common.live_fragment(refresh_s, _alerts, live, list(run_ids))
 
 
-def _alerts(live: LiveRuns, run_id: str) -> None:
+def _alerts(live: LiveRuns, run_ids: list[str]) -> None:
     with common.shown_errors("the alerts view"):
         live.refresh()
-        logged = live.alerts(run_id)
-        st.markdown(f"**Logged alerts and actions** — {run_id}")
-        st.caption(logged_summary(logged))
-        switches = logged.filter(pc.equal(logged.column("kind"), "action"))
+        common.show_skipped_parts(live, run_ids)
+        logged = {run_id: live.alerts(run_id) for run_id in run_ids}
+        st.markdown("**Logged alerts and actions**")
+        for run_id, rows in logged.items():
+            st.caption(f"**{run_id}**: {logged_summary(rows)}")
+        every = pa.concat_tables(
+            [
+                rows.append_column("run", pa.repeat(pa.scalar(run_id), rows.num_rows))
+                for run_id, rows in logged.items()
+            ]
+        ).select(["run", "step", "kind", "detector", "severity", "value", "threshold", "message"])
+        switches = every.filter(pc.equal(every.column("kind"), "action"))
         if switches.num_rows:
             st.markdown("**CTN switches** (the guard's actions)")
             st.dataframe(
-                switches.select(["step", "detector", "message"]).rename_columns(["step", "switch", "reason"]),
+                switches.select(["run", "step", "detector", "message"]).rename_columns(
+                    ["run", "step", "switch", "reason"]
+                ),
                 hide_index=True,
                 key="ctn-table",
             )
-        if logged.num_rows:
+        if every.num_rows:
             st.markdown("**All logged rows**, newest first")
-            st.dataframe(logged.sort_by([("step", "descending")]), hide_index=True, key="alerts-table")
-        message = common.starting_message(live, run_id)
-        if message:
-            st.info(message)
-            return
-    with common.shown_errors("the verdict"):
-        verdict = live.verdict(run_id, wait_s=VERDICT_WAIT_S)
-        if verdict is None:
-            st.info("Computing the post-mortem of the run so far; it appears here by itself.")
-            return
-        show_verdict(verdict)
-        if live.verdict_pending(run_id):
-            st.caption("Updating the verdict with the newest updates…")
+            st.dataframe(every.sort_by([("step", "descending")]), hide_index=True, key="alerts-table")
+    ready = [run_id for run_id in run_ids if common.run_notes(live, run_id) is None]
+    for start in range(0, len(ready), VERDICTS_PER_ROW):
+        row = ready[start : start + VERDICTS_PER_ROW]
+        for column, run_id in zip(st.columns(len(row) if len(row) > 1 else 1), row, strict=False):
+            with column, common.shown_errors(f"the verdict of {run_id}"):
+                verdict = live.verdict(run_id, wait_s=VERDICT_WAIT_S)
+                if verdict is None:
+                    st.info(f"Computing the post-mortem of {run_id} so far; it appears here by itself.")
+                    continue
+                show_verdict(verdict)
+                if live.verdict_pending(run_id):
+                    st.caption("Updating the verdict with the newest updates…")
+    for run_id in run_ids:
+        note = common.run_notes(live, run_id)
+        if note:
+            st.info(note)
 
 
 def logged_summary(logged: pa.Table) -> str:
     """How many alerts and CTN actions the trainer logged, and whether CTN is on now."""
     if logged.num_rows == 0:
-        return "The trainer logged no alerts or actions for this run (yet)."
+        return "the trainer logged no alerts or actions (yet)."
     kinds = logged.column("kind")
     alerts = pc.sum(pc.equal(kinds, "alert")).as_py() or 0
     actions = logged.filter(pc.equal(kinds, "action"))
@@ -69,17 +83,14 @@ def logged_summary(logged: pa.Table) -> str:
 
 
 def show_verdict(verdict: Verdict) -> None:
-    """The post-mortem: timeline, root cause and remedy, the detectors that fired, the evidence.
-
-    (Page errors are ``st.error``; the verdict, however bad, is not one.)
-    """
-    st.markdown(f"**Verdict** (as of step {verdict.last_step}, {verdict.updates} updates)")
-    columns = st.columns(4)
+    """One run's post-mortem: timeline, root cause and remedy (or healthy), the detectors that fired, evidence."""
+    st.markdown(f"**Verdict: {verdict.run_id}** (as of step {verdict.last_step}, {verdict.updates} updates)")
+    top, bottom = st.columns(2), st.columns(2)
     collapse = "none" if verdict.collapse_step is None else f"step {verdict.collapse_step}"
-    columns[0].metric("collapse", collapse)
-    columns[1].metric("first warning", _step(verdict.first_warning))
-    columns[2].metric("first critical", _step(verdict.first_critical))
-    columns[3].metric("lead time", "—" if verdict.lead_time is None else f"{verdict.lead_time} steps")
+    top[0].metric("collapse", collapse)
+    top[1].metric("lead time", "—" if verdict.lead_time is None else f"{verdict.lead_time} steps")
+    bottom[0].metric("first warning", _step(verdict.first_warning))
+    bottom[1].metric("first critical", _step(verdict.first_critical))
     with st.container(border=True):
         if verdict.collapsed:
             st.markdown(
@@ -94,7 +105,7 @@ def show_verdict(verdict: Verdict) -> None:
         st.caption(f"Not evaluated (the run logs no input for them): {', '.join(verdict.not_evaluated)}")
     if verdict.top_alerts:
         st.markdown("**Detectors that fired** (most urgent first)")
-        st.dataframe(verdict.top_alerts, hide_index=True, key="verdict-alerts")
+        st.dataframe(verdict.top_alerts, hide_index=True, key=f"verdict-alerts-{verdict.run_id}")
     with st.expander("evidence"):
         st.json(verdict.to_dict()["evidence"])
 

@@ -1,60 +1,25 @@
-"""Pieces every view shares: settings, the shared ``LiveRuns``, live fragments, friendly errors."""
+"""Pieces every view shares: settings, the shared ``LiveRuns``, live fragments, charts, friendly messages."""
 
 from __future__ import annotations
 
 import atexit
 import logging
-import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import plotly.graph_objects as go
+import pyarrow as pa
 import streamlit as st
 
-from sorl_monitor.dashboard_data import LiveRuns
+from dashboard.live_chart import live_chart
+from dashboard.settings import Settings
 from sorl_monitor.detectors import load_config
+from sorl_monitor.live import LiveRuns
 from sorl_monitor.query import QueryError
 
-LOG_DIR_ENV = "SORL_DASHBOARD_LOG_DIR"
-REFRESH_ENV = "SORL_DASHBOARD_REFRESH_S"
-CONFIG_ENV = "SORL_DASHBOARD_DETECTOR_CONFIG"
-"""A TOML file of detector settings (``sorl dashboard --config``)."""
-OVERRIDES_ENV = "SORL_DASHBOARD_DETECTOR_SET"
-"""Detector overrides, one ``name=value`` a line (``sorl dashboard --set``)."""
-FORMAT_ENV = "SORL_DASHBOARD_LOG_FORMAT"
-"""The log format ``sorl dashboard --format`` forces (``sorl_monitor.logs.FORMATS``); detected when unset."""
-DEFAULT_REFRESH_S = 2.0
 logger = logging.getLogger("sorl_monitor.dashboard")
-
-
-@dataclass(frozen=True)
-class Settings:
-    """What ``sorl dashboard`` passes to the app (through the environment)."""
-
-    log_dir: Path | None
-    refresh_s: float
-    detector_config: str | None = None
-    detector_overrides: tuple[str, ...] = ()
-    log_format: str | None = None
-
-
-def settings() -> Settings:
-    """Settings from the ``SORL_DASHBOARD_*`` variables ``sorl dashboard`` sets (refresh at least 0.5 s)."""
-    raw = os.environ.get(LOG_DIR_ENV)
-    try:
-        refresh = float(os.environ.get(REFRESH_ENV, DEFAULT_REFRESH_S))
-    except ValueError:
-        refresh = DEFAULT_REFRESH_S
-    overrides = tuple(line for line in os.environ.get(OVERRIDES_ENV, "").splitlines() if line.strip())
-    return Settings(
-        Path(raw) if raw else None,
-        max(0.5, refresh),
-        os.environ.get(CONFIG_ENV) or None,
-        overrides,
-        os.environ.get(FORMAT_ENV) or None,
-    )
 
 
 @st.cache_resource(show_spinner=False, on_release=LiveRuns.close)
@@ -65,10 +30,7 @@ def live_runs(
     log_format: str | None = None,
 ) -> LiveRuns:
     """One ``LiveRuns`` per log dir and detector settings, shared by every viewer (each part is read once);
-    closed when the cache drops it or the server exits.
-
-    ``ValueError`` (a one-line message) for bad detector settings.
-    """
+    closed when the cache drops it or the server exits. ``ValueError`` for bad detector settings."""
     return LiveRuns(log_dir, detector_config=load_config(detector_config, detector_overrides), fmt=log_format)
 
 
@@ -92,26 +54,84 @@ def live_fragment(refresh_s: float | None, body: Callable[..., None], *args: Any
     st.fragment(run_every=refresh_s)(body)(*args)
 
 
-def pick_one(run_ids: Sequence[str], key: str) -> str:
-    """One of the selected runs (a select box when there are several)."""
-    if len(run_ids) == 1:
-        return run_ids[0]
-    return st.selectbox("run", run_ids, key=key)
-
-
 def refresh_interval(live_on: bool, settings_: Settings) -> float | None:
     """Seconds between a live view's redraws, or ``None`` (no redraws) when live updates are off."""
     return settings_.refresh_s if live_on else None
 
 
-def starting_message(live: LiveRuns, run_id: str) -> str | None:
-    """A friendly note when ``run_id`` has logged no update yet (else ``None``)."""
+def chart(
+    key: str, live: LiveRuns, run_ids: Sequence[str], options: Any, build: Callable[[], go.Figure]
+) -> None:
+    """Draw ``build()`` in the live chart ``key``, built again only when new rows of ``run_ids`` arrived or
+    ``options`` changed (every viewer of the same runs shares the figure)."""
+    versions = tuple((run_id, live.version(run_id)) for run_id in run_ids)
+    spec = _figure_json(key, id(live), versions, repr(options), build)
+    live_chart(spec, key=key, revision=hash(versions))
+
+
+@st.cache_data(max_entries=48, show_spinner=False)
+def _figure_json(
+    key: str, live_id: int, versions: tuple, options: str, _build: Callable[[], go.Figure]
+) -> str:
+    return _build().to_json()
+
+
+def run_notes(live: LiveRuns, run_id: str, table: str | None = None) -> str | None:
+    """Why ``run_id`` has nothing to draw yet (``None`` when it has steps), naming unreadable parts."""
     info = live.run_info(run_id)
     if info is None:
-        return f"Run {run_id} is not in {live.log_dir} any more."
-    if info.updates == 0:
+        return f"Run {run_id} is not in {live.log_dir} (any more)."
+    if info.updates:
+        return None
+    unreadable = [p for p in live.skipped_parts(run_id) if p.table == "steps"]
+    if unreadable:
         return (
-            f"Run {run_id} has started ({info.status}) but has not logged an update yet; "
-            "its curves appear here by themselves."
+            f"Run {run_id} has no readable steps rows: {len(unreadable)} of its steps parts could not be read "
+            "(listed below)."
         )
-    return None
+    return (
+        f"Run {run_id} has started ({info.status}) but has not logged an update yet; "
+        "its curves appear here by themselves."
+    )
+
+
+def tables_per_run(
+    live: LiveRuns,
+    run_ids: Sequence[str],
+    head: Any,
+    read: Callable[[str], pa.Table],
+    missing: Callable[[str], str],
+) -> dict[str, pa.Table]:
+    """Each run's ``read(run_id)`` that has rows; in ``head``, why each other run has none (``missing``), and
+    the unreadable parts of every run."""
+    found = {}
+    for run_id in run_ids:
+        note = run_notes(live, run_id)
+        table = None if note else read(run_id)
+        if table is not None and table.num_rows:
+            found[run_id] = table
+        else:
+            head.info(note or missing(run_id))
+    with head:
+        show_skipped_parts(live, run_ids)
+    return found
+
+
+def show_skipped_parts(live: LiveRuns, run_ids: Sequence[str]) -> None:
+    """A warning per run with part files that could not be read: each file (relative to the log folder) and why."""
+    for run_id in run_ids:
+        parts = live.skipped_parts(run_id)
+        if not parts:
+            continue
+        lines = "\n".join(f"- `{_relative(p.path, live.log_dir)}`: {p.reason}" for p in parts)
+        st.warning(
+            f"**{run_id}**: {len(parts)} part file{'s' if len(parts) > 1 else ''} could not be read and "
+            f"{'are' if len(parts) > 1 else 'is'} left out:\n{lines}"
+        )
+
+
+def _relative(path: str, root: Path) -> str:
+    try:
+        return str(Path(path).relative_to(root.resolve()))
+    except ValueError:
+        return path

@@ -1,4 +1,4 @@
-"""Gradients tab: per-module grad norms over steps."""
+"""Gradients tab: per-module grad norms of the selected runs, a row per run."""
 
 from __future__ import annotations
 
@@ -7,27 +7,33 @@ from collections.abc import Sequence
 import streamlit as st
 
 from dashboard import common
-from sorl_monitor.dashboard_data import LiveRuns
-from sorl_monitor.views import module_norms_figure
+from sorl_monitor.figures.modules import module_norms_figure
+from sorl_monitor.figures.overview import OverviewOptions
+from sorl_monitor.figures.series import XAxis
+from sorl_monitor.live import LiveRuns
 
 
-def render(live: LiveRuns, run_ids: Sequence[str], refresh_s: float | None) -> None:
-    run_id = common.pick_one(run_ids, key="gradients-run")
-    common.live_fragment(refresh_s, _gradients, live, run_id)
+def render(live: LiveRuns, run_ids: Sequence[str], refresh_s: float | None, options: OverviewOptions) -> None:
+    common.live_fragment(refresh_s, _gradients, live, list(run_ids), options.x_axis)
 
 
-def _gradients(live: LiveRuns, run_id: str) -> None:
+def _gradients(live: LiveRuns, run_ids: list[str], x_axis: str) -> None:
     with common.shown_errors("the gradient view"):
         live.refresh()
-        message = common.starting_message(live, run_id)
-        if message:
-            st.info(message)
-            return
-        modules = live.modules(run_id)
-        if modules.num_rows == 0:
-            st.info(
-                f"Run {run_id} logged no per-module grad norms (call `Monitor.watch(model)` to get them)."
-            )
-            return
-        st.markdown(f"**Grad norm per module** (pre-clip) — {run_id}")
-        st.plotly_chart(module_norms_figure(modules), key="module-norms", config={"displaylogo": False})
+        head, body = st.container(), st.container()
+        modules = common.tables_per_run(
+            live, run_ids, head, live.modules, lambda run_id: no_modules(live, run_id)
+        )
+        if modules:
+            body.markdown("**Grad norm per module** (pre-clip; ranks: the largest)")
+            axis = XAxis({run_id: live.steps(run_id) for run_id in modules}, x_axis)
+            with body:
+                common.chart(
+                    "module-norms", live, list(modules), x_axis, lambda: module_norms_figure(modules, axis)
+                )
+
+
+def no_modules(live: LiveRuns, run_id: str) -> str:
+    if any(p.table == "modules" for p in live.skipped_parts(run_id)):
+        return f"Run {run_id}'s module parts could not be read (listed below)."
+    return f"Run {run_id} logged no per-module grad norms (call `Monitor.watch(model)` to get them)."

@@ -1,4 +1,4 @@
-"""Overview tab: per-step curves of the selected runs, overlaid, redrawn live; the sidebar's run status."""
+"""Overview tab: the selected runs' curves and alert onsets on one x axis, redrawn live; the sidebar's run list."""
 
 from __future__ import annotations
 
@@ -8,37 +8,42 @@ from collections.abc import Sequence
 import streamlit as st
 
 from dashboard import common
-from sorl_monitor.dashboard_data import LiveRuns, RunInfo
-from sorl_monitor.views import overview_figure
+from sorl_monitor.figures.overview import OverviewOptions, overview_figure
+from sorl_monitor.live import LiveRuns, RunInfo
 
 LEGEND = (
-    "Markers: ▲ warning, ✕ critical alert (first of each streak; hover for the detector). "
-    "Green bands: CTN on. Red dashed line: collapse (mean reward below half its peak for good). "
-    "Long runs are drawn with each bucket's min and max, so spikes stay visible."
+    "Top lane: a row per detector family, ▲ warning ✕ critical at the first alert of each streak (hover: "
+    "the detector and its message; click a family in the legend to hide its markers). Green: CTN on. "
+    "Dashed line: collapse (mean reward below half its peak for good). Curves keep each bucket's min and "
+    "max, so spikes stay visible; drag to zoom, double-click to reset."
 )
 
 
-def render(live: LiveRuns, run_ids: Sequence[str], refresh_s: float | None) -> None:
-    common.live_fragment(refresh_s, _overview, live, list(run_ids))
+def render(live: LiveRuns, run_ids: Sequence[str], refresh_s: float | None, options: OverviewOptions) -> None:
+    common.live_fragment(refresh_s, _overview, live, list(run_ids), options)
 
 
-def _overview(live: LiveRuns, run_ids: list[str]) -> None:
+def _overview(live: LiveRuns, run_ids: list[str], options: OverviewOptions) -> None:
     with common.shown_errors("the overview"):
         live.refresh()
+        head, body = st.container(), st.container()
         ready = []
         for run_id in run_ids:
-            info = live.run_info(run_id)
-            st.markdown(status_line(run_id, info))
-            message = common.starting_message(live, run_id)
-            if message:
-                st.info(message)
+            head.markdown(status_line(run_id, live.run_info(run_id)))
+            note = common.run_notes(live, run_id)
+            if note:
+                head.info(note)
             else:
                 ready.append(run_id)
-        if not ready:
-            return
-        figure = overview_figure([live.curves(run_id) for run_id in ready])
-        st.plotly_chart(figure, key="overview-chart", config={"displaylogo": False})
-        st.caption(LEGEND)
+        with head:
+            common.show_skipped_parts(live, run_ids)
+        if ready:
+            with body:
+                common.chart(
+                    "overview", live, ready, options,
+                    lambda: overview_figure([live.curves(run_id) for run_id in ready], options),
+                )  # fmt: skip
+                st.caption(LEGEND)
 
 
 def status_line(run_id: str, info: RunInfo | None) -> str:

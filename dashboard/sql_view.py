@@ -1,4 +1,4 @@
-"""SQL tab: read-only SQL over the views ``runs, steps, turns, modules, alerts``, results and CSV."""
+"""SQL tab: one read-only statement over ``runs, steps, turns, modules, alerts``, with a time and a row limit."""
 
 from __future__ import annotations
 
@@ -9,36 +9,54 @@ import pyarrow.csv as pacsv
 import streamlit as st
 
 from dashboard import common
-from sorl_monitor.dashboard_data import LiveRuns
+from sorl_monitor.background_query import BackgroundQuery
+from sorl_monitor.figures.overview import OverviewOptions
+from sorl_monitor.live import LiveRuns
 
-SHOWN_ROWS = 10_000
-"""Rows drawn in the results table (the CSV download has them all)."""
+TIME_LIMIT_S = 30.0
+"""A statement still running after this long is stopped."""
+MAX_ROWS = 10_000
+"""Rows fetched, shown and offered as CSV (a statement with more is cut here, and the page says so)."""
 EXAMPLE = """SELECT run_id, count(*) AS updates, max(step) AS last_step,
        avg(clip_frac) AS token_clip, avg(clip_frac_turn) AS turn_clip
 FROM steps GROUP BY run_id ORDER BY run_id"""
 
 
-def render(live: LiveRuns, run_ids: Sequence[str], refresh_s: float | None) -> None:
+def render(live: LiveRuns, run_ids: Sequence[str], refresh_s: float | None, options: OverviewOptions) -> None:
     st.caption(
         "Read-only SQL (DuckDB) over the views `runs, steps, turns, modules, alerts` of every run in the "
-        "folder; only SELECT/EXPLAIN statements run."
+        f"folder: one SELECT or EXPLAIN, stopped after {TIME_LIMIT_S:g} s, at most {MAX_ROWS:,} rows. "
+        "It runs on a connection of its own: the other views keep updating meanwhile."
     )
+    with common.shown_errors("reading the log folder"):
+        live.refresh()
+        common.show_skipped_parts(live, live.run_ids())
     with st.form("sql-form"):
         query = st.text_area("SQL", value=EXAMPLE, height=140, key="sql-text")
         submitted = st.form_submit_button("Run")
     if not submitted:
         return
     with common.shown_errors("the query"):
-        live.refresh()
         if live.run_set is None:
             st.info(live.problem or "no runs to query")
             return
-        result = live.run_set.sql(query)
+        running = BackgroundQuery(live.run_set, query, timeout_s=TIME_LIMIT_S, max_rows=MAX_ROWS + 1)
+        progress = st.empty()
+        try:
+            while not running.done(wait_s=0.2):
+                # each page call lets Streamlit stop this run (Stop, or the viewer moving on): then the finally
+                progress.caption(f"running for {running.elapsed_s:.0f} s (stopped at {TIME_LIMIT_S:g} s)…")
+            progress.empty()
+        finally:
+            running.cancel()
+        result = running.result()
+        cut = result.num_rows > MAX_ROWS
+        result = result.slice(0, MAX_ROWS)
         st.caption(
-            f"{result.num_rows} rows"
-            + (f" (first {SHOWN_ROWS} shown)" if result.num_rows > SHOWN_ROWS else "")
+            f"{result.num_rows:,} rows"
+            + (f" (the first {MAX_ROWS:,}: the statement has more)" if cut else "")
         )
-        st.dataframe(result.slice(0, SHOWN_ROWS), hide_index=True, key="sql-result")
+        st.dataframe(result, hide_index=True, key="sql-result")
         buffer = io.BytesIO()
         pacsv.write_csv(result, buffer)
         st.download_button("Download CSV", buffer.getvalue(), file_name="query.csv", mime="text/csv")

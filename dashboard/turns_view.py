@@ -1,15 +1,18 @@
-"""Turns tab: turn-level IS ratio per (turn, step), and at one step turn ratios vs token ratios."""
+"""Turns tab: the turn-level IS ratio per (turn, step) of each selected run, and at one step turn vs token ratios."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import streamlit as st
 
 from dashboard import common
-from sorl_monitor.dashboard_data import LiveRuns, off_policy_step
-from sorl_monitor.views import ratio_distribution_figure, turn_heatmap_figure
+from sorl_monitor.figures.overview import OverviewOptions
+from sorl_monitor.figures.series import XAxis
+from sorl_monitor.figures.turns import StepRatios, ratio_distribution_figure, turn_heatmap_figure
+from sorl_monitor.live import LiveRuns, latest_reused_step
 
 NO_TURNS = (
     "Run {run_id} has no turn rows: `Monitor.log_update` writes them when the batch has turns "
@@ -17,67 +20,79 @@ NO_TURNS = (
 )
 
 
-def render(live: LiveRuns, run_ids: Sequence[str], refresh_s: float | None) -> None:
-    run_id = common.pick_one(run_ids, key="turns-run")
-    common.live_fragment(refresh_s, _turns, live, run_id)
-
-
-def _turns(live: LiveRuns, run_id: str) -> None:
-    with common.shown_errors("the turn view"):
-        live.refresh()
-        message = common.starting_message(live, run_id)
-        if message:
-            st.info(message)
-            return
-        cells = live.turn_cells(run_id)
-        if cells.num_rows == 0:
-            st.info(NO_TURNS.format(run_id=run_id))
-            return
-        st.markdown("**Turn-level IS ratio** `w̄_k = mean of the turn's token ratios` by turn and step")
-        st.plotly_chart(turn_heatmap_figure(cells), key="turn-heatmap", config={"displaylogo": False})
-        steps = sorted(pc.unique(cells.column("step")).to_pylist())
-        steps_table = live.steps(run_id)
-        step = _chosen_step(steps, off_policy_step(steps_table, steps))
-        matches = steps_table.filter(pc.equal(steps_table.column("step"), step)).to_pylist()
-        step_row = matches[0] if matches else {}
-        st.markdown(f"**Step {step}: turn ratios vs token ratios** — the granularity mismatch")
-        st.caption(reuse_caption(step_row))
-        st.plotly_chart(
-            ratio_distribution_figure(live.turns_at(run_id, step), step_row, live.clip_eps(run_id)),
-            key="ratio-distribution",
-            config={"displaylogo": False},
-        )
-        st.caption(clip_caption(step_row))
-
-
-def _chosen_step(steps: list[int], latest: int) -> int:
-    """The step to inspect: ``latest`` unless the viewer turned "follow" off and chose one."""
+def render(live: LiveRuns, run_ids: Sequence[str], refresh_s: float | None, options: OverviewOptions) -> None:
     follow = st.toggle(
         "follow the latest update that reused a rollout",
         value=True,
         key="turns-follow",
         help="the first update on a fresh rollout has every ratio equal to 1",
     )
-    if follow or len(steps) == 1:
+    common.live_fragment(refresh_s, _turns, live, list(run_ids), options.x_axis, follow)
+
+
+def _turns(live: LiveRuns, run_ids: list[str], x_axis: str, follow: bool) -> None:
+    with common.shown_errors("the turn view"):
+        live.refresh()
+        head, body = st.container(), st.container()
+        cells = common.tables_per_run(
+            live, run_ids, head, live.turn_cells, lambda run_id: no_turns(live, run_id)
+        )
+        if not cells:
+            return
+        with body:
+            st.markdown("**Turn-level IS ratio** `w̄_k` (mean of the turn's token ratios) by turn and step")
+            axis = XAxis({run_id: live.steps(run_id) for run_id in cells}, x_axis)
+            common.chart("turn-heatmap", live, list(cells), x_axis, lambda: turn_heatmap_figure(cells, axis))
+            chosen = _chosen_steps(live, cells, follow)
+            st.markdown("**Turn ratios vs token ratios** at one step: the granularity mismatch")
+            at = {run_id: _step_ratios(live, run_id, step) for run_id, step in chosen.items()}
+            for run_id, ratios in at.items():
+                st.caption(f"**{run_id}**, step {ratios.step}: " + step_caption(ratios.step_row))
+            common.chart("ratio-distribution", live, list(at), chosen, lambda: ratio_distribution_figure(at))
+
+
+def _chosen_steps(live: LiveRuns, cells: dict[str, pa.Table], follow: bool) -> dict[str, int]:
+    """The step each run is shown at: its latest update that reused a rollout, or the one the viewer picks."""
+    steps = {run_id: sorted(pc.unique(table.column("step")).to_pylist()) for run_id, table in cells.items()}
+    latest = {run_id: latest_reused_step(live.steps(run_id), s) for run_id, s in steps.items()}
+    if follow:
         return latest
-    chosen = st.select_slider("step", options=steps, value=latest, key="turns-step")
-    return chosen if chosen in steps else latest
-
-
-def reuse_caption(step_row: dict) -> str:
-    """Which reuse of its rollout the step was (epoch, minibatch, policy lag)."""
-    keys = ("ppo_epoch", "minibatch", "policy_lag")
-    if any(step_row.get(key) is None for key in keys):
-        return ""
-    return "PPO epoch {:g}, minibatch {:g}, policy lag {:g} updates".format(*(step_row[key] for key in keys))
-
-
-def clip_caption(step_row: dict) -> str:
-    """Token vs turn clip fraction at the step, in words."""
-    token, turn = step_row.get("clip_frac"), step_row.get("clip_frac_turn")
-    if token is None or turn is None:
-        return "Band: the trust region [1−ε, 1+ε]."
-    return (
-        f"Band: the trust region [1−ε, 1+ε]. Outside it at this step: {token:.1%} of tokens, "
-        f"{turn:.1%} of turns."
+    every = sorted({step for s in steps.values() for step in s})
+    default = next(iter(latest.values()))
+    picked = (
+        st.select_slider("step", options=every, value=default, key="turns-step")
+        if len(every) > 1
+        else every[0]
     )
+    missing = [run_id for run_id, s in steps.items() if picked not in s]
+    if missing:
+        st.caption(f"No turn rows at step {picked} in {', '.join(missing)}.")
+    return {run_id: picked for run_id, s in steps.items() if picked in s}
+
+
+def _step_ratios(live: LiveRuns, run_id: str, step: int) -> StepRatios:
+    steps = live.steps(run_id)
+    rows = steps.filter(pc.equal(steps.column("step"), step)).to_pylist()
+    return StepRatios(step, live.turns_at(run_id, step), rows[0] if rows else {}, live.clip_eps(run_id))
+
+
+def no_turns(live: LiveRuns, run_id: str) -> str:
+    if any(p.table == "turns" for p in live.skipped_parts(run_id)):
+        return f"Run {run_id}'s turn parts could not be read (listed below), so it shows no turn rows."
+    return NO_TURNS.format(run_id=run_id)
+
+
+def step_caption(step_row: dict) -> str:
+    """Which reuse of its rollout the step was, and how many tokens and turns fell outside the trust region."""
+    text = []
+    keys = ("ppo_epoch", "minibatch", "policy_lag")
+    if all(step_row.get(key) is not None for key in keys):
+        text.append(
+            "PPO epoch {:g}, minibatch {:g}, policy lag {:g} updates".format(*(step_row[k] for k in keys))
+        )
+    token, turn = step_row.get("clip_frac"), step_row.get("clip_frac_turn")
+    if token is not None and turn is not None:
+        text.append(
+            f"outside the trust region [1−ε, 1+ε] (green): {token:.1%} of tokens, {turn:.1%} of turns"
+        )
+    return "; ".join(text) or "green band: the trust region [1−ε, 1+ε]"

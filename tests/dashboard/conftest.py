@@ -1,4 +1,4 @@
-"""Runs for the dashboard tests and a helper to open the app with Streamlit's ``AppTest``.
+"""Runs for the dashboard tests and helpers to open the app with Streamlit's ``AppTest``.
 
 The runs are real: a small PPO loop with the live CTN guard (``ppo_loop``) and a stable tiny PPO run
 (``tests.detectors.tiny_pg``), both logged through the real ``Monitor`` into a temporary log folder.
@@ -6,14 +6,17 @@ The runs are real: a small PPO loop with the live CTN guard (``ppo_loop``) and a
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import streamlit as st
 from streamlit.testing.v1 import AppTest
 
-from dashboard.common import LOG_DIR_ENV, REFRESH_ENV
+from dashboard.settings import LOG_DIR_ENV, REFRESH_ENV
 from tests.dashboard import ppo_loop
 from tests.detectors import tiny_pg
 
@@ -61,3 +64,28 @@ def page_text(app: AppTest) -> str:
     """Every markdown, caption, info, warning, error and success text on the page, one per line."""
     kinds = ("markdown", "caption", "info", "warning", "error", "success")
     return "\n".join(str(element.value) for kind in kinds for element in app.get(kind))
+
+
+def charts(app: AppTest) -> dict[str, dict[str, Any]]:
+    """The live charts on the page, by key: each one's plotly figure (``data``, ``layout``) as sent."""
+    found = {}
+    for element in app.get("component_instance"):
+        args = json.loads(element.proto.json_args)
+        if args.get("spec"):
+            found[args["key"]] = json.loads(args["spec"])
+    return found
+
+
+def assert_clean(app: AppTest) -> None:
+    """No exception (traceback) and no error message on the page."""
+    assert not app.exception, [e.value for e in app.exception]
+    assert not app.error, [e.value for e in app.error]
+
+
+def wait_for_verdicts(app: AppTest, timeout_s: float = 120) -> AppTest:
+    """Rerun the page until no post-mortem is still being computed."""
+    deadline = time.monotonic() + timeout_s
+    while "Computing the post-mortem" in page_text(app) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        app.run()
+    return app

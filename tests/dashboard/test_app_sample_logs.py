@@ -6,14 +6,13 @@ is opened in each view; a collapsed run must show its collapse step and the verd
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 
 from sorl_monitor.postmortem import label_collapse
 from sorl_monitor.query import open_runs
-from tests.dashboard.conftest import open_app, page_text
+from tests.dashboard.conftest import charts, open_app, page_text, wait_for_verdicts
 
 SAMPLE_LOGS = Path(__file__).resolve().parents[2] / "sample_logs"
 VIEWS = ("Overview", "Turns", "Gradients", "Alerts & verdict")
@@ -31,13 +30,13 @@ def collapse_steps() -> dict[str, int | None]:
 
 
 @pytest.mark.parametrize("view", VIEWS)
-def test_every_sample_run_renders_in_each_view_without_an_error(monkeypatch, view):
+def test_every_sample_run_renders_alone_and_all_of_them_overlaid_in_each_view(monkeypatch, view):
     runs = collapse_steps()
     assert runs, "sample_logs/ holds no run with steps"
-    for run_id in runs:
-        app = open_app(monkeypatch, SAMPLE_LOGS, view=view, runs=[run_id])
-        assert not app.exception, (run_id, [e.value for e in app.exception])
-        assert not app.error, (run_id, [e.value for e in app.error])
+    for picked in [*([run_id] for run_id in runs), list(runs)]:
+        app = open_app(monkeypatch, SAMPLE_LOGS, view=view, runs=picked)
+        assert not app.exception, (picked, [e.value for e in app.exception])
+        assert not app.error, (picked, [e.value for e in app.error])
 
 
 def test_a_collapsed_sample_run_shows_its_collapse_and_root_cause(monkeypatch):
@@ -47,11 +46,8 @@ def test_a_collapsed_sample_run_shows_its_collapse_and_root_cause(monkeypatch):
     run_id, step = next(iter(collapsed.items()))
     overview = open_app(monkeypatch, SAMPLE_LOGS, runs=[run_id])
     assert f"collapsed at step {step}" in page_text(overview)
-    alerts = open_app(monkeypatch, SAMPLE_LOGS, view="Alerts & verdict", runs=[run_id])
-    deadline = time.monotonic() + 120
-    while "Computing the post-mortem" in page_text(alerts) and time.monotonic() < deadline:
-        time.sleep(0.5)
-        alerts.run()
+    assert "collapse" in [a["text"] for a in charts(overview)["overview"]["layout"]["annotations"]]
+    alerts = wait_for_verdicts(open_app(monkeypatch, SAMPLE_LOGS, view="Alerts & verdict", runs=[run_id]))
     assert "[**Root cause:" in page_text(alerts)
     assert alerts.metric[0].value == f"step {step}"
 
@@ -60,10 +56,6 @@ def test_a_healthy_sample_run_shows_healthy_without_a_root_cause(monkeypatch):
     healthy = [run_id for run_id, step in collapse_steps().items() if step is None]
     if not healthy:
         pytest.skip("no healthy run in sample_logs/")
-    alerts = open_app(monkeypatch, SAMPLE_LOGS, view="Alerts & verdict", runs=[healthy[0]])
-    deadline = time.monotonic() + 120
-    while "Computing the post-mortem" in page_text(alerts) and time.monotonic() < deadline:
-        time.sleep(0.5)
-        alerts.run()
+    alerts = wait_for_verdicts(open_app(monkeypatch, SAMPLE_LOGS, view="Alerts & verdict", runs=[healthy[0]]))
     text = page_text(alerts)
     assert "[**Healthy**]" in text and "Root cause" not in text and "**Remedy:**" not in text

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from cli import dashboard as dashboard_cli
 from cli.main import app
-from dashboard.common import CONFIG_ENV, LOG_DIR_ENV, OVERRIDES_ENV, REFRESH_ENV
+from dashboard.settings import CONFIG_ENV, LOG_DIR_ENV, OVERRIDES_ENV, REFRESH_ENV
 
 runner = CliRunner()
 

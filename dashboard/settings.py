@@ -1,0 +1,45 @@
+"""What ``sorl dashboard`` passes to the app, through the environment (no Streamlit here: the CLI imports it)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+LOG_DIR_ENV = "SORL_DASHBOARD_LOG_DIR"
+REFRESH_ENV = "SORL_DASHBOARD_REFRESH_S"
+CONFIG_ENV = "SORL_DASHBOARD_DETECTOR_CONFIG"
+"""A TOML file of detector settings (``sorl dashboard --config``)."""
+OVERRIDES_ENV = "SORL_DASHBOARD_DETECTOR_SET"
+"""Detector overrides, one ``name=value`` a line (``sorl dashboard --set``)."""
+FORMAT_ENV = "SORL_DASHBOARD_LOG_FORMAT"
+"""The log format ``sorl dashboard --format`` forces (``sorl_monitor.logs.FORMATS``); detected when unset."""
+DEFAULT_REFRESH_S = 1.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What ``sorl dashboard`` passes to the app (through the environment)."""
+
+    log_dir: Path | None
+    refresh_s: float
+    detector_config: str | None = None
+    detector_overrides: tuple[str, ...] = ()
+    log_format: str | None = None
+
+
+def settings() -> Settings:
+    """Settings from the ``SORL_DASHBOARD_*`` variables ``sorl dashboard`` sets (refresh at least 0.25 s)."""
+    raw = os.environ.get(LOG_DIR_ENV)
+    try:
+        refresh = float(os.environ.get(REFRESH_ENV, DEFAULT_REFRESH_S))
+    except ValueError:
+        refresh = DEFAULT_REFRESH_S
+    overrides = tuple(line for line in os.environ.get(OVERRIDES_ENV, "").splitlines() if line.strip())
+    return Settings(
+        Path(raw) if raw else None,
+        max(0.25, refresh),
+        os.environ.get(CONFIG_ENV) or None,
+        overrides,
+        os.environ.get(FORMAT_ENV) or None,
+    )
