@@ -10,7 +10,7 @@ import pyarrow as pa
 from plotly.colors import qualitative
 
 from sorl_monitor.figures.rows import axis_refs, run_rows_layout
-from sorl_monitor.figures.series import XAxis, column_values, downsample
+from sorl_monitor.figures.series import XAxis, column_values, downsample, log_axis
 from sorl_monitor.figures.style import empty_figure
 
 
@@ -33,7 +33,7 @@ def module_norms_figure(
     colors = {name: qualitative.Dark24[i % len(qualitative.Dark24)] for i, name in enumerate(names)}
     layout = run_rows_layout(
         list(merged), row_px=260, x_title="step" if axis is None else axis.title, same_y=True,
-        y_axis={"type": "log", "title": {"text": "grad norm"}, "exponentformat": "power", "nticks": 5},
+        y_axis={"title": {"text": "grad norm"}, **log_axis([column_values(t, "grad_norm_max") for t in merged.values()])},
         uirevision="modules",
     )  # fmt: skip
     traces = []

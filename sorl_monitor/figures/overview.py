@@ -55,7 +55,7 @@ class OverviewOptions:
     smooth_steps: int = 0
     log_panels: frozenset[str] | None = None
     families: frozenset[str] | None = None
-    max_points: int = 1200
+    max_points: int = 600
     panel_height: int = 80
 
 

@@ -25,8 +25,8 @@ def run_rows_layout(
     gap_px: int = 26,
 ) -> dict[str, Any]:
     """Rows of ``row_px`` pixels, top to bottom, one per run: each with a y axis of ``y_axis`` settings (the
-    same range in every row with ``same_y``), x axes zoomed together with ticks under the last row, and each
-    row named when there are several."""
+    same range in every row with ``same_y``), x axes zoomed together with ticks under the last row, each row
+    named after its run."""
     rows = len(run_ids)
     plot_px = rows * row_px + (rows - 1) * gap_px
     layout: dict[str, Any] = {
@@ -44,9 +44,8 @@ def run_rows_layout(
             "anchor": f"y{suffix}", "showticklabels": row == rows,
             **({"matches": "x"} if row > 1 else {}), **({"title": {"text": x_title}} if row == rows else {}),
         }  # fmt: skip
-        if rows > 1:
-            layout["annotations"].append(
-                {"text": f"<b>{run_id}</b>", "x": 0, "xref": "paper", "y": high, "yref": "paper",
-                 "xanchor": "left", "yanchor": "bottom", "showarrow": False}
-            )  # fmt: skip
+        layout["annotations"].append(
+            {"text": f"<b>{run_id}</b>", "x": 0, "xref": "paper", "y": high, "yref": "paper",
+             "xanchor": "left", "yanchor": "bottom", "showarrow": False}
+        )  # fmt: skip
     return layout

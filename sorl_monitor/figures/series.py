@@ -28,19 +28,20 @@ def column_values(table: pa.Table, name: str) -> np.ndarray:
 
 
 def minmax_indices(values: np.ndarray, max_points: int) -> np.ndarray:
-    """Indices of the points to draw: the minimum and the maximum of each of ``max_points // 2`` buckets.
+    """Indices of the points to draw: the first and the last finite point, and the minimum and the maximum of
+    each of ``(max_points - 2) // 2`` buckets.
 
-    Buckets are consecutive runs of ``ceil(n / (max_points // 2))`` points; NaN points are never chosen.
-    All indices are kept when ``n ≤ max_points``. Sorted, so the line visits each bucket's extremes in
-    order: a single-point spike survives.
+    Buckets are consecutive runs of points; NaN points are never chosen. All indices are kept when
+    ``n ≤ max_points``. Sorted, so the line visits each bucket's extremes in order: a single-point spike
+    survives, and a live run's curve always reaches its latest step.
     """
     values = np.asarray(values, dtype=np.float64)
     n = len(values)
-    if max_points < 2:
-        raise ValueError(f"max_points must be at least 2, not {max_points}")
+    if max_points < 4:
+        raise ValueError(f"max_points must be at least 4, not {max_points}")
     if n <= max_points:
         return np.arange(n)
-    buckets = max_points // 2
+    buckets = (max_points - 2) // 2
     size = math.ceil(n / buckets)
     padded = np.full(buckets * size, np.nan)
     padded[:n] = values
@@ -49,7 +50,9 @@ def minmax_indices(values: np.ndarray, max_points: int) -> np.ndarray:
     starts = np.arange(buckets) * size
     lows = starts + np.argmin(np.where(missing, np.inf, grid), axis=1)
     highs = starts + np.argmax(np.where(missing, -np.inf, grid), axis=1)
-    keep = np.unique(np.concatenate([lows, highs]))
+    finite = np.flatnonzero(~np.isnan(values))
+    ends = finite[[0, -1]] if len(finite) else np.array([], np.int64)
+    keep = np.unique(np.concatenate([lows, highs, ends]))
     keep = keep[keep < n]
     return keep[~np.isnan(values[keep])]
 
@@ -75,19 +78,40 @@ def smooth(steps: np.ndarray, values: np.ndarray, window_steps: int) -> np.ndarr
     return np.where(finite, mean, np.nan)
 
 
-def log_axis(values: list[np.ndarray]) -> dict[str, Any]:
+LOG_TICKS = ((1, 1.2, 1.5, 2, 3, 5, 7), (1, 2, 5), (1,))
+"""Tick values of a log axis per power of ten, finest first: the finest that gives few enough ticks is used."""
+
+
+def log_axis(values: list[np.ndarray], max_ticks: int = 4) -> dict[str, Any]:
     """A log y axis for ``values``: its range spans the spikes but not values near 0 (an on-policy first
-    update's KL of 1e-15 would stretch it over 20 decades); at most 4 labelled ticks, as powers of ten."""
+    update's KL of 1e-15 would stretch it over 20 decades), with at most ``max_ticks`` labelled ticks so labels
+    never overlap: round values (``LOG_TICKS`` times a power of ten) on a short range, powers of ten on a long one."""
     positive = np.concatenate([v[np.isfinite(v) & (v > 0)] for v in values] or [np.array([])])
-    axis: dict[str, Any] = {"type": "log", "nticks": 4, "exponentformat": "power"}
+    axis: dict[str, Any] = {"type": "log"}
     if len(positive) == 0:
         return axis
     low = max(float(np.percentile(positive, 1)), float(np.median(positive)) * 1e-4)
     high = float(positive.max())
     span = max(math.log10(high) - math.log10(low), 0.3)
-    pad = 0.08 * span
-    axis["range"] = [math.log10(low) - pad, math.log10(high) + pad]
+    bottom, top = math.log10(low) - 0.08 * span, math.log10(high) + 0.08 * span
+    ticks: list[float] = []
+    for multiples in LOG_TICKS:
+        ticks = [m * 10.0**k for k in range(math.floor(bottom), math.ceil(top) + 1) for m in multiples]
+        ticks = [t for t in ticks if bottom <= math.log10(t) <= top]
+        if len(ticks) <= max_ticks:
+            break
+    ticks = ticks[:: math.ceil(len(ticks) / max_ticks)] if ticks else ticks
+    axis.update(range=[bottom, top], tickvals=ticks, ticktext=[tick_text(t) for t in ticks])
     return axis
+
+
+def tick_text(value: float) -> str:
+    """``0.02``, ``150``, ``5e-05`` → ``5e-5``, ``1e+06`` → ``1e6``: short, never ``1e+06``."""
+    text = f"{value:.3g}"
+    if "e" not in text:
+        return text
+    mantissa, exponent = text.split("e")
+    return f"{mantissa}e{int(exponent)}"
 
 
 def elapsed_unit(seconds: float) -> tuple[str, float]:

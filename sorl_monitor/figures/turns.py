@@ -136,7 +136,7 @@ def ratio_distribution_figure(runs: Mapping[str, StepRatios]) -> go.Figure:
     return go.Figure(
         data=traces,
         layout={
-            "xaxis": {"type": "log", "title": {"text": "importance ratio π_θ/π_old (band: trust region)"}},
+            "xaxis": {"type": "log", "dtick": 1, "title": {"text": "importance ratio π_θ/π_old (band: trust region)"}},
             "yaxis": {"categoryorder": "array", "categoryarray": list(reversed(categories)), "type": "category"},
             "shapes": shapes, "showlegend": False, "height": 90 + 56 * len(categories), "font": FONT,
             "margin": {"t": 16, "b": 46, "l": 300 if len(runs) > 1 else 230, "r": 20},

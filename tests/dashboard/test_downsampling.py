@@ -31,7 +31,7 @@ def test_every_bucket_keeps_its_minimum_and_maximum_synthetic():
     max_points = 100
     kept = set(minmax_indices(values, max_points).tolist())
 
-    size = math.ceil(len(values) / (max_points // 2))
+    size = math.ceil(len(values) / ((max_points - 2) // 2))
     for start in range(0, len(values), size):
         bucket = values[start : start + size]
         assert start + int(np.argmin(bucket)) in kept
@@ -58,9 +58,16 @@ def test_nan_points_are_never_chosen_synthetic():
     assert not np.isnan(values[kept]).any()
 
 
-def test_max_points_below_two_is_refused():
+def test_the_first_and_the_last_point_are_always_drawn_so_a_live_curve_reaches_its_latest_step():
+    values = np.sin(np.arange(100_003) / 7.0)
+    values[0] = np.nan
+    kept = minmax_indices(values, 200)
+    assert kept[0] == 1 and kept[-1] == len(values) - 1
+
+
+def test_max_points_below_four_is_refused():
     with pytest.raises(ValueError, match="max_points"):
-        minmax_indices(np.arange(10.0), 1)
+        minmax_indices(np.arange(10.0), 3)
 
 
 def test_turn_heatmap_bucketing_keeps_the_cell_furthest_from_one_synthetic():

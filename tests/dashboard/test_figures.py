@@ -14,6 +14,7 @@ from sorl_monitor.detectors import DETECTOR_NAMES
 from sorl_monitor.figures.modules import module_norms_figure
 from sorl_monitor.figures.overview import OverviewOptions, RunCurves, overview_figure
 from sorl_monitor.figures.panels import DETECTOR_PANEL, OVERVIEW_PANELS
+from sorl_monitor.figures.series import LOG_TICKS, log_axis
 from sorl_monitor.figures.style import MISSING_CELL, RUN_COLORS, SEVERITY_STYLE
 from sorl_monitor.figures.turns import StepRatios, ratio_distribution_figure, turn_heatmap_figure
 from sorl_monitor.live import LiveRuns
@@ -161,7 +162,7 @@ def test_a_log_axis_ignores_a_first_steps_kl_of_almost_zero_and_labels_at_most_f
     kl[30] = 3.0
     figure = overview_figure([RunCurves("a", steps_table(kl_old_k3=kl))])
     axis = figure.layout[f"yaxis{titles(figure).index('KL') + 1}"]
-    assert axis.type == "log" and axis.nticks <= 4
+    assert axis.type == "log" and len(axis.tickvals) <= 4
     low, high = axis.range
     assert -3 < low < math.log10(0.05) and high > math.log10(3.0)
 
@@ -261,3 +262,13 @@ def test_the_turn_heatmap_of_a_real_run_is_turn_index_by_step(ppo_logs):
     heatmap = turn_heatmap_figure({STABLE: cells}).data[0]
     assert list(heatmap.x) == sorted(set(cells.column("step").to_pylist()))
     assert list(heatmap.y) == [0, 1, 2]
+
+
+@pytest.mark.parametrize(("low", "high"), [(1.0, 1.8), (0.004, 0.02), (1e-3, 1e4), (0.05, 2e8)])
+def test_log_ticks_are_at_most_four_round_values_inside_the_range(low, high):
+    axis = log_axis([np.geomspace(low, high, 100)])
+    bottom, top = axis["range"]
+    assert 2 <= len(axis["tickvals"]) <= 4
+    assert all(bottom <= math.log10(t) <= top for t in axis["tickvals"])
+    mantissas = {round(t / 10 ** math.floor(math.log10(t) + 1e-9), 6) for t in axis["tickvals"]}
+    assert mantissas <= set(LOG_TICKS[0])
