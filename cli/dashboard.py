@@ -18,7 +18,15 @@ import typer
 
 import dashboard
 from cli.common import LogFormatOption, err_console, fail, user_errors
-from dashboard.settings import CONFIG_ENV, FORMAT_ENV, LOG_DIR_ENV, OVERRIDES_ENV, REFRESH_ENV
+from dashboard.settings import (
+    CONFIG_ENV,
+    DEFAULT_SQL_TIMEOUT_S,
+    FORMAT_ENV,
+    LOG_DIR_ENV,
+    OVERRIDES_ENV,
+    REFRESH_ENV,
+    SQL_TIMEOUT_ENV,
+)
 from sorl_monitor.detectors import load_config
 from sorl_monitor.logs import FORMATS, detect_format
 
@@ -70,6 +78,9 @@ def dashboard_command(
     refresh: Annotated[
         float, typer.Option(min=0.25, help="Seconds between live redraws of a run being written.")
     ] = 1.0,
+    sql_timeout: Annotated[
+        float, typer.Option("--sql-timeout", min=0.1, help="Seconds a statement of the SQL tab may run.")
+    ] = DEFAULT_SQL_TIMEOUT_S,
     config: Annotated[
         Path | None,
         typer.Option("--config", help="TOML file of detector settings (as for sorl postmortem)."),
@@ -103,6 +114,7 @@ def dashboard_command(
         **os.environ,
         LOG_DIR_ENV: str(log_dir.resolve()),
         REFRESH_ENV: str(refresh),
+        SQL_TIMEOUT_ENV: str(sql_timeout),
         "PYTHONPATH": os.pathsep.join(filter(None, [str(APP.parents[1]), os.environ.get("PYTHONPATH")])),
     }
     if config is not None:

@@ -26,45 +26,55 @@ def _alerts(live: LiveRuns, run_ids: list[str]) -> None:
     with common.shown_errors("the alerts view"):
         live.refresh()
         common.show_skipped_parts(live, run_ids)
-        logged = {run_id: live.alerts(run_id) for run_id in run_ids}
-        st.markdown("**Logged alerts and actions**")
-        for run_id, rows in logged.items():
-            st.caption(f"**{run_id}**: {logged_summary(rows)}")
-        every = pa.concat_tables(
-            [
-                rows.append_column("run", pa.repeat(pa.scalar(run_id), rows.num_rows))
-                for run_id, rows in logged.items()
-            ]
-        ).select(["run", "step", "kind", "detector", "severity", "value", "threshold", "message"])
-        switches = every.filter(pc.equal(every.column("kind"), "action"))
-        if switches.num_rows:
-            st.markdown("**CTN switches** (the guard's actions)")
-            st.dataframe(
-                switches.select(["run", "step", "detector", "message"]).rename_columns(
-                    ["run", "step", "switch", "reason"]
-                ),
-                hide_index=True,
-                key="ctn-table",
-            )
-        if every.num_rows:
-            st.markdown("**All logged rows**, newest first")
-            st.dataframe(every.sort_by([("step", "descending")]), hide_index=True, key="alerts-table")
+        _verdicts(live, run_ids)
+        _logged(live, run_ids)
+
+
+def _verdicts(live: LiveRuns, run_ids: list[str]) -> None:
+    """Each run's post-mortem, side by side (at most ``VERDICTS_PER_ROW`` a row)."""
+    for run_id in run_ids:
+        note = common.run_notes(live, run_id)
+        if note:
+            st.info(note)
     ready = [run_id for run_id in run_ids if common.run_notes(live, run_id) is None]
     for start in range(0, len(ready), VERDICTS_PER_ROW):
         row = ready[start : start + VERDICTS_PER_ROW]
-        for column, run_id in zip(st.columns(len(row) if len(row) > 1 else 1), row, strict=False):
+        for column, run_id in zip(st.columns(len(row)), row, strict=True):
             with column, common.shown_errors(f"the verdict of {run_id}"):
                 verdict = live.verdict(run_id, wait_s=VERDICT_WAIT_S)
                 if verdict is None:
                     st.info(f"Computing the post-mortem of {run_id} so far; it appears here by itself.")
                     continue
-                show_verdict(verdict)
+                show_verdict(verdict, wide=len(ready) == 1)
                 if live.verdict_pending(run_id):
                     st.caption("Updating the verdict with the newest updates…")
-    for run_id in run_ids:
-        note = common.run_notes(live, run_id)
-        if note:
-            st.info(note)
+
+
+def _logged(live: LiveRuns, run_ids: list[str]) -> None:
+    """The alerts and CTN switches the trainers logged, every run in one table."""
+    logged = {run_id: live.alerts(run_id) for run_id in run_ids}
+    st.markdown("**Logged alerts and actions**")
+    for run_id, rows in logged.items():
+        st.caption(f"**{run_id}**: {logged_summary(rows)}")
+    every = pa.concat_tables(
+        [
+            rows.append_column("run", pa.repeat(pa.scalar(run_id), rows.num_rows))
+            for run_id, rows in logged.items()
+        ]
+    ).select(["run", "step", "kind", "detector", "severity", "value", "threshold", "message"])
+    switches = every.filter(pc.equal(every.column("kind"), "action"))
+    if switches.num_rows:
+        st.markdown("**CTN switches** (the guard's actions)")
+        st.dataframe(
+            switches.select(["run", "step", "detector", "message"]).rename_columns(
+                ["run", "step", "switch", "reason"]
+            ),
+            hide_index=True,
+            key="ctn-table",
+        )
+    if every.num_rows:
+        st.markdown("**All logged rows**, newest first")
+        st.dataframe(every.sort_by([("step", "descending")]), hide_index=True, key="alerts-table")
 
 
 def logged_summary(logged: pa.Table) -> str:
@@ -82,15 +92,16 @@ def logged_summary(logged: pa.Table) -> str:
     return text + "."
 
 
-def show_verdict(verdict: Verdict) -> None:
-    """One run's post-mortem: timeline, root cause and remedy (or healthy), the detectors that fired, evidence."""
+def show_verdict(verdict: Verdict, wide: bool) -> None:
+    """One run's post-mortem: timeline (one row of four when ``wide``, else two of two), root cause and remedy
+    (or healthy), the detectors that fired, the evidence."""
     st.markdown(f"**Verdict: {verdict.run_id}** (as of step {verdict.last_step}, {verdict.updates} updates)")
-    top, bottom = st.columns(2), st.columns(2)
+    cells = st.columns(4) if wide else [*st.columns(2), *st.columns(2)]
     collapse = "none" if verdict.collapse_step is None else f"step {verdict.collapse_step}"
-    top[0].metric("collapse", collapse)
-    top[1].metric("lead time", "—" if verdict.lead_time is None else f"{verdict.lead_time} steps")
-    bottom[0].metric("first warning", _step(verdict.first_warning))
-    bottom[1].metric("first critical", _step(verdict.first_critical))
+    cells[0].metric("collapse", collapse)
+    cells[1].metric("lead time", "—" if verdict.lead_time is None else f"{verdict.lead_time} steps")
+    cells[2].metric("first warning", _step(verdict.first_warning))
+    cells[3].metric("first critical", _step(verdict.first_critical))
     with st.container(border=True):
         if verdict.collapsed:
             st.markdown(

@@ -72,7 +72,7 @@ with st.sidebar:
         bind="query-params",
         help="pick several to compare them in every view",
     )
-    with st.expander("chart options", expanded=True):
+    with st.expander("chart options", expanded=False):
         options = OverviewOptions(
             x_axis=st.segmented_control("x axis", list(X_AXES), default="step", key="x-axis") or "step",
             smooth_steps=st.select_slider(

@@ -14,7 +14,10 @@ OVERRIDES_ENV = "SORL_DASHBOARD_DETECTOR_SET"
 """Detector overrides, one ``name=value`` a line (``sorl dashboard --set``)."""
 FORMAT_ENV = "SORL_DASHBOARD_LOG_FORMAT"
 """The log format ``sorl dashboard --format`` forces (``sorl_monitor.logs.FORMATS``); detected when unset."""
+SQL_TIMEOUT_ENV = "SORL_DASHBOARD_SQL_TIMEOUT_S"
+"""Seconds a statement of the SQL tab may run (``sorl dashboard --sql-timeout``)."""
 DEFAULT_REFRESH_S = 1.0
+DEFAULT_SQL_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -26,15 +29,13 @@ class Settings:
     detector_config: str | None = None
     detector_overrides: tuple[str, ...] = ()
     log_format: str | None = None
+    sql_timeout_s: float = DEFAULT_SQL_TIMEOUT_S
 
 
 def settings() -> Settings:
     """Settings from the ``SORL_DASHBOARD_*`` variables ``sorl dashboard`` sets (refresh at least 0.25 s)."""
     raw = os.environ.get(LOG_DIR_ENV)
-    try:
-        refresh = float(os.environ.get(REFRESH_ENV, DEFAULT_REFRESH_S))
-    except ValueError:
-        refresh = DEFAULT_REFRESH_S
+    refresh = _number(REFRESH_ENV, DEFAULT_REFRESH_S)
     overrides = tuple(line for line in os.environ.get(OVERRIDES_ENV, "").splitlines() if line.strip())
     return Settings(
         Path(raw) if raw else None,
@@ -42,4 +43,12 @@ def settings() -> Settings:
         os.environ.get(CONFIG_ENV) or None,
         overrides,
         os.environ.get(FORMAT_ENV) or None,
+        max(0.1, _number(SQL_TIMEOUT_ENV, DEFAULT_SQL_TIMEOUT_S)),
     )
+
+
+def _number(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        return default

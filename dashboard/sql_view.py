@@ -9,12 +9,11 @@ import pyarrow.csv as pacsv
 import streamlit as st
 
 from dashboard import common
+from dashboard.settings import settings
 from sorl_monitor.background_query import BackgroundQuery
 from sorl_monitor.figures.overview import OverviewOptions
 from sorl_monitor.live import LiveRuns
 
-TIME_LIMIT_S = 30.0
-"""A statement still running after this long is stopped."""
 MAX_ROWS = 10_000
 """Rows fetched, shown and offered as CSV (a statement with more is cut here, and the page says so)."""
 EXAMPLE = """SELECT run_id, count(*) AS updates, max(step) AS last_step,
@@ -23,9 +22,10 @@ FROM steps GROUP BY run_id ORDER BY run_id"""
 
 
 def render(live: LiveRuns, run_ids: Sequence[str], refresh_s: float | None, options: OverviewOptions) -> None:
+    time_limit_s = settings().sql_timeout_s
     st.caption(
         "Read-only SQL (DuckDB) over the views `runs, steps, turns, modules, alerts` of every run in the "
-        f"folder: one SELECT or EXPLAIN, stopped after {TIME_LIMIT_S:g} s, at most {MAX_ROWS:,} rows. "
+        f"folder: one SELECT or EXPLAIN, stopped after {time_limit_s:g} s, at most {MAX_ROWS:,} rows. "
         "It runs on a connection of its own: the other views keep updating meanwhile."
     )
     with common.shown_errors("reading the log folder"):
@@ -35,18 +35,22 @@ def render(live: LiveRuns, run_ids: Sequence[str], refresh_s: float | None, opti
         query = st.text_area("SQL", value=EXAMPLE, height=140, key="sql-text")
         submitted = st.form_submit_button("Run")
     if not submitted:
+        if st.session_state.get("sql-stop"):
+            st.info("Stopped.")
         return
-    with common.shown_errors("the query"):
+    with common.shown_errors("SQL"):
         if live.run_set is None:
             st.info(live.problem or "no runs to query")
             return
-        running = BackgroundQuery(live.run_set, query, timeout_s=TIME_LIMIT_S, max_rows=MAX_ROWS + 1)
-        progress = st.empty()
+        running = BackgroundQuery(live.run_set, query, timeout_s=time_limit_s, max_rows=MAX_ROWS + 1)
+        progress, stop = st.empty(), st.empty()
+        stop.button("Stop", key="sql-stop", help="stop the statement")
         try:
             while not running.done(wait_s=0.2):
                 # each page call lets Streamlit stop this run (Stop, or the viewer moving on): then the finally
-                progress.caption(f"running for {running.elapsed_s:.0f} s (stopped at {TIME_LIMIT_S:g} s)…")
+                progress.caption(f"running for {running.elapsed_s:.0f} s (stopped at {time_limit_s:g} s)…")
             progress.empty()
+            stop.empty()
         finally:
             running.cancel()
         result = running.result()

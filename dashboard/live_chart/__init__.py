@@ -4,12 +4,14 @@
 new chart and the zoom resets. This component keeps one chart per key and hands it each new figure;
 its page (``index.html``) calls ``Plotly.react``, which keeps what the viewer changed while the
 figure's ``uirevision`` stays the same. Streamlit serves a component's folder as it is, so the folder
-served is a private copy of ``index.html`` beside the plotly.js that ships with plotly (offline).
+served holds a copy of ``index.html`` beside the plotly.js that ships with plotly (it works offline), in
+the user's cache folder, named after both so every server reuses it.
 """
 
 from __future__ import annotations
 
-import atexit
+import hashlib
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -22,10 +24,23 @@ _PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 
 
 def _served_folder() -> str:
-    folder = Path(tempfile.mkdtemp(prefix="sorl-live-chart-"))
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    shutil.copyfile(_PAGE, folder / "index.html")
-    shutil.copyfile(_PLOTLY_JS, folder / "plotly.min.js")
+    digest = hashlib.sha256(_PAGE.read_bytes() + plotly.__version__.encode()).hexdigest()[:12]
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sorl-monitor"
+    folder = cache / f"live-chart-{digest}"
+    if (folder / "plotly.min.js").exists():
+        return str(folder)
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix="live-chart-", dir=cache))
+    except OSError:  # no writable cache folder: a private one for this process
+        staging = folder = Path(tempfile.mkdtemp(prefix="sorl-live-chart-"))
+    shutil.copyfile(_PAGE, staging / "index.html")
+    shutil.copyfile(_PLOTLY_JS, staging / "plotly.min.js")
+    if staging != folder:
+        try:
+            staging.rename(folder)
+        except OSError:  # another server made it meanwhile
+            shutil.rmtree(staging, ignore_errors=True)
     return str(folder)
 
 

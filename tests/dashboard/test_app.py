@@ -10,6 +10,7 @@ import pyarrow.compute as pc
 import pytest
 
 from dashboard import sql_view
+from dashboard.settings import SQL_TIMEOUT_ENV
 from sorl_monitor import Monitor
 from sorl_monitor.postmortem import postmortem
 from sorl_monitor.query import open_runs
@@ -128,7 +129,7 @@ def test_alert_view_lists_every_runs_logged_alerts_and_ctn_actions_and_each_verd
         logged = runs.sql("SELECT run_id, kind FROM alerts")
         verdicts = {run_id: postmortem(runs, run_id) for run_id in BOTH}
     actions = pc.sum(pc.equal(logged.column("kind"), "action")).as_py()
-    switches, table = (frame.value for frame in app.dataframe[:2])
+    switches, table = (frame.value for frame in app.dataframe[-2:])  # below the verdicts' tables
     assert len(switches) == actions and set(switches["switch"]) <= {"ctn_on", "ctn_off"}
     assert len(table) == logged.num_rows and set(table["run"]) == set(logged.column("run_id").to_pylist())
     text = page_text(app)
@@ -158,7 +159,7 @@ def test_sql_view_cuts_a_long_result_at_its_row_limit_and_says_so(monkeypatch, p
 
 
 def test_sql_view_stops_a_runaway_statement_at_its_time_limit(monkeypatch, ppo_logs):
-    monkeypatch.setattr(sql_view, "TIME_LIMIT_S", 0.5)
+    monkeypatch.setenv(SQL_TIMEOUT_ENV, "0.5")
     app = open_app(monkeypatch, ppo_logs, view="SQL")
     app.text_area(key="sql-text").set_value(
         "SELECT sum(a.step * b.step * c.step) FROM turns a, turns b, turns c"

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from cli import dashboard as dashboard_cli
 from cli.main import app
-from dashboard.settings import CONFIG_ENV, LOG_DIR_ENV, OVERRIDES_ENV, REFRESH_ENV
+from dashboard.settings import CONFIG_ENV, LOG_DIR_ENV, OVERRIDES_ENV, REFRESH_ENV, SQL_TIMEOUT_ENV
 
 runner = CliRunner()
 
@@ -59,11 +59,22 @@ def test_dashboard_passes_the_log_folder_and_settings_to_the_app(launch, tmp_pat
     config.write_text("clip_rise_critical = 7.5\n")
     port = free_port()
     launched = launch(
-        tmp_path, "--port", port, "--refresh", "5", "--config", config, "--set", "kl_rise_warning=3"
+        tmp_path,
+        "--port",
+        port,
+        "--refresh",
+        "5",
+        "--sql-timeout",
+        "7",
+        "--config",
+        config,
+        "--set",
+        "kl_rise_warning=3",
     )
     assert option(launched.command, "--server.port") == str(port)
     assert launched.env[LOG_DIR_ENV] == str(tmp_path.resolve())
     assert launched.env[REFRESH_ENV] == "5.0"
+    assert launched.env[SQL_TIMEOUT_ENV] == "7.0"
     assert launched.env[CONFIG_ENV] == str(config.resolve())
     assert launched.env[OVERRIDES_ENV] == "kl_rise_warning=3"
 
