@@ -1,15 +1,19 @@
-"""End to end: ``sorl dashboard`` on a run a background process is still writing, seen in headless Chromium.
+"""End to end in headless Chromium: ``sorl dashboard`` started by the real CLI on a free 127.0.0.1 port.
 
-The writer is the real PPO loop of ``ppo_loop`` (real ``Monitor``, real CTN guard) in its own process;
-the dashboard is started by the real CLI on a free 127.0.0.1 port. The test waits until the page shows
-a newer step than it first showed, without the page being reloaded, and keeps screenshots in
-``test-artifacts/``.
+* a run a background process is still writing (the real PPO loop of ``ppo_loop``, real ``Monitor`` and
+  CTN guard): a zoom survives three live redraws, newer steps appear without a reload, and a screenshot of
+  each view is kept in ``test-artifacts/``;
+* a copy of ``sample_logs/`` with a truncated part: the part is named on the page; a runaway cross join
+  in one viewer's SQL tab is stopped by its time limit while a second viewer's overview draws; the server
+  stops within seconds of SIGTERM while such a query runs.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -22,12 +26,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = ROOT / "test-artifacts"
+SAMPLE_LOGS = ROOT / "sample_logs"
 ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
     "--disable-sync", "--no-first-run",
 ]  # fmt: skip
 RUN = "live-ppo"
 STATUS = re.compile(rf"{RUN} · ppo · live · step (\d+)")
+CROSS_JOIN = "SELECT count(*) FROM turns a, turns b, turns c"
+CHART = ".st-key-{key} iframe"
+"""The iframe of the live chart called ``key``."""
 
 pytestmark = [
     pytest.mark.slow,
@@ -69,14 +77,9 @@ def start(args: list[str], log: Path) -> subprocess.Popen:
         )
 
 
-@pytest.fixture
-def processes() -> Iterator[list[subprocess.Popen]]:
-    """Processes this test starts; each is stopped (by its own pid) when the test ends."""
-    started: list[subprocess.Popen] = []
-    yield started
-    for process in started:
+def stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
         process.terminate()
-    for process in started:
         try:
             process.wait(timeout=15)
         except subprocess.TimeoutExpired:
@@ -84,8 +87,50 @@ def processes() -> Iterator[list[subprocess.Popen]]:
             process.wait(timeout=5)
 
 
-def test_dashboard_shows_newer_steps_of_a_run_being_written_without_reloading(tmp_path, processes):
+def start_dashboard(log_dir: Path, log: Path, *extra: str) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    server = start(["-m", "cli.main", "dashboard", str(log_dir), "--port", str(port), *extra], log)
+    wait_until(lambda: listening(port) or server.poll() is not None, 120, f"the dashboard on port {port}")
+    assert server.poll() is None, log.read_text()
+    return server, port
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator:
     playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright (python) is not installed")
+    with playwright_api.sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=ARGS)
+        yield chromium
+        chromium.close()
+
+
+def drawn_chart(page, key: str, timeout_s: float = 120):
+    """The frame of the live chart ``key`` once plotly drew it."""
+    page.frame_locator(CHART.format(key=key)).locator(".main-svg").first.wait_for(timeout=timeout_s * 1000)
+    return page.frame_locator(CHART.format(key=key))
+
+
+def chart_state(page, key: str, expression: str):
+    """``expression`` evaluated on the chart ``key``'s plotly element (``chart``) inside its iframe."""
+    frame = page.locator(CHART.format(key=key)).element_handle().content_frame()
+    return frame.evaluate(
+        f"(() => {{ const chart = document.getElementById('chart'); return {expression}; }})()"
+    )
+
+
+def screenshot(page, name: str) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.wait_for_timeout(800)
+    page.screenshot(path=str(ARTIFACTS / f"dashboard-{name}.png"), full_page=True)
+
+
+def open_view(page, view: str, key: str | None) -> None:
+    page.get_by_role("tab", name=view).click()
+    if key is not None:
+        drawn_chart(page, key, timeout_s=60)
+
+
+def test_a_zoom_survives_three_live_redraws_and_each_view_is_kept_as_a_screenshot(tmp_path, browser):
     log_dir = tmp_path / "logs"
     writer = start(
         [
@@ -101,59 +146,149 @@ def test_dashboard_shows_newer_steps_of_a_run_being_written_without_reloading(tm
         ],
         tmp_path / "writer.log",
     )
-    processes.append(writer)
-    wait_until(
-        lambda: any((log_dir / RUN / "steps").glob("rank=*/part-*.parquet")), 120, "the first steps part"
-    )
-    port = free_port()
-    processes.append(
-        start(
-            ["-m", "cli.main", "dashboard", str(log_dir), "--port", str(port), "--refresh", "1"],
-            tmp_path / "dash.log",
+    server = None
+    try:
+        wait_until(
+            lambda: any((log_dir / RUN / "steps").glob("rank=*/part-*.parquet")), 120, "the first part"
         )
-    )
-    wait_until(lambda: listening(port), 120, f"the dashboard on port {port}")
+        server, port = start_dashboard(log_dir, tmp_path / "dash.log", "--refresh", "0.5")
+        page = browser.new_page(viewport={"width": 1600, "height": 1000})
+        page.goto(f"http://127.0.0.1:{port}/")
+        drawn_chart(page, "overview")
+        first = int(STATUS.search(page.inner_text("body")).group(1))
+        page.evaluate("window.sorlNotReloaded = true")
 
-    with playwright_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 2200})
-            page.goto(f"http://127.0.0.1:{port}/")
-            page.wait_for_selector(".js-plotly-plot .main-svg", timeout=120_000)
-            first = int(STATUS.search(page.inner_text("body")).group(1))
-            page.evaluate("window.sorlNotReloaded = true")
-            page.wait_for_function(
-                f"(() => {{ const m = document.body.innerText.match(/{STATUS.pattern}/);"
-                f" return m && Number(m[1]) > {first}; }})()",
-                timeout=60_000,
-            )
-            newer = int(STATUS.search(page.inner_text("body")).group(1))
-            writer_running = writer.poll() is None
-            not_reloaded = page.evaluate("window.sorlNotReloaded === true")
-            ARTIFACTS.mkdir(exist_ok=True)
-            # the overview's plots are drawn (plotly redraws at each live refresh: wait for a drawn moment)
-            page.wait_for_function(PLOTS_DRAWN, timeout=30_000)
-            page.screenshot(path=str(ARTIFACTS / "dashboard-live-overview.png"))
-            overview_text = page.inner_text("body")
-            page.get_by_role("tab", name="Turns").click()
-            page.wait_for_selector("text=turn ratios vs token ratios", timeout=60_000)
-            page.wait_for_timeout(1500)
-            page.screenshot(path=str(ARTIFACTS / "dashboard-live-turns.png"))
-            turns_text = page.inner_text("body")
-        finally:
-            browser.close()
+        box = (
+            page.frame_locator(CHART.format(key="overview"))
+            .locator(".nsewdrag[data-subplot='xy']")
+            .bounding_box()
+        )
+        y = box["y"] + box["height"] / 2
+        page.mouse.move(box["x"] + 0.3 * box["width"], y)
+        page.mouse.down()
+        page.mouse.move(box["x"] + 0.6 * box["width"], y + 3, steps=8)
+        page.mouse.up()
+        zoomed = chart_state(page, "overview", "chart.layout.xaxis.range")
+        draws = chart_state(page, "overview", "Number(chart.dataset.draws)")
+        wait_until(
+            lambda: chart_state(page, "overview", "Number(chart.dataset.draws)") >= draws + 3,
+            60,
+            "three redraws",
+        )
+        after = chart_state(page, "overview", "chart.layout.xaxis.range")
+        newer = int(STATUS.search(page.inner_text("body")).group(1))
+        not_reloaded = page.evaluate("window.sorlNotReloaded === true")
+        screenshot(page, "live-overview-zoomed")
+        page.mouse.dblclick(box["x"] + 0.5 * box["width"], y)  # back to the whole run
+        screenshot(page, "live-overview")
+        for view, key in (
+            ("Turns", "turn-heatmap"),
+            ("Gradients", "module-norms"),
+            ("Alerts & verdict", None),
+        ):
+            open_view(page, view, key)
+            if key is None:
+                page.get_by_text("Verdict:").first.wait_for(timeout=60_000)
+            screenshot(page, f"live-{view.split()[0].lower()}")
+        page.get_by_role("tab", name="SQL").click()
+        page.get_by_role("button", name="Run", exact=True).click()
+        page.get_by_text("Download CSV").wait_for(timeout=60_000)
+        screenshot(page, "live-sql")
+        text = page.inner_text("body")
+        writer_running = writer.poll() is None
+    finally:
+        for process in (writer, server):
+            if process is not None:
+                stop(process)
 
-    assert newer > first
-    assert writer_running, "the run was still being written when the newer step appeared"
-    assert not_reloaded, "the page updated in place (no full reload)"
-    for text in (overview_text, turns_text):
-        assert "Traceback" not in text and "failed (" not in text
-    assert (ARTIFACTS / "dashboard-live-overview.png").stat().st_size > 20_000
+    assert zoomed[1] - zoomed[0] < 0.5 * first, "the drag zoomed in"
+    assert after == pytest.approx(zoomed), "the zoom survived three redraws with new data"
+    assert newer > first and writer_running, "newer steps of the run being written appeared"
+    assert not_reloaded, "the page updated in place (no reload)"
+    assert "Traceback" not in text and "failed (" not in text
 
 
-PANEL_TITLES = ("reward", "clip fraction", "grad norm")
-PLOTS_DRAWN = (
-    "(() => { const text = document.body.innerText;"
-    f" return {list(PANEL_TITLES)!r}.every(title => text.includes(title)); }})()"
-)
-"""True once the overview's panel titles are on the page (plotly drew the figure)."""
+@pytest.fixture(scope="module")
+def sample_dashboard(tmp_path_factory, browser) -> Iterator[tuple[subprocess.Popen, int, Path, Path]]:
+    """``sorl dashboard`` (SQL time limit 6 s) on a copy of ``sample_logs/`` whose token-ppo has a truncated
+    turns part; the server, its port, the truncated part and the server's log."""
+    if not SAMPLE_LOGS.is_dir():
+        pytest.skip("sample_logs/ is not on this branch")
+    folder = tmp_path_factory.mktemp("sample") / "logs"
+    shutil.copytree(SAMPLE_LOGS, folder)
+    victim = sorted((folder / "token-ppo" / "turns").glob("rank=*/part-*.parquet"))[0]
+    victim.write_bytes(victim.read_bytes()[:4096])
+    log = folder.parent / "dash.log"
+    server, port = start_dashboard(folder, log, "--sql-timeout", "6")
+    yield server, port, victim, log
+    stop(server)
+
+
+def test_a_truncated_part_is_named_on_the_page_with_its_reason(sample_dashboard, browser):
+    _, port, victim, _ = sample_dashboard
+    page = browser.new_page(viewport={"width": 1600, "height": 1000})
+    page.goto(f"http://127.0.0.1:{port}/?runs=token-ppo&runs=so-ppo")
+    drawn_chart(page, "overview")
+    warning = page.get_by_text("could not be read and is left out").first
+    warning.wait_for(timeout=30_000)
+    text = page.inner_text("body")
+    screenshot(page, "overview-two-runs-truncated-part")
+    open_view(page, "Turns", "turn-heatmap")
+    screenshot(page, "turns-two-runs")
+    page.close()
+    assert f"token-ppo/turns/rank=0/{victim.name}" in text
+    assert "has no turn rows" not in text and "has not logged an update yet" not in text
+
+
+def test_a_runaway_cross_join_is_stopped_by_its_limit_while_a_second_viewer_loads_the_overview(
+    sample_dashboard, browser
+):
+    _, port, _, _ = sample_dashboard
+    sql_page = browser.new_page(viewport={"width": 1400, "height": 900})
+    sql_page.goto(f"http://127.0.0.1:{port}/?view=SQL")
+    sql_page.get_by_role("button", name="Run", exact=True).wait_for(timeout=60_000)
+    sql_page.get_by_role("textbox", name="SQL").fill(CROSS_JOIN)
+    submitted = time.monotonic()
+    sql_page.get_by_role("button", name="Run", exact=True).click()
+    sql_page.get_by_text("running for").wait_for(timeout=10_000)
+
+    other = browser.new_page(viewport={"width": 1600, "height": 1000})
+    other.goto(f"http://127.0.0.1:{port}/?runs=grpo")
+    drawn_chart(other, "overview", timeout_s=30)
+    overview_drawn = time.monotonic() - submitted
+    still_running = sql_page.get_by_text("running for").count() > 0
+    sql_page.get_by_text("time limit of 6 s").wait_for(timeout=30_000)
+    stopped = time.monotonic() - submitted
+    screenshot(sql_page, "sql-time-limit")
+    sql_page.close()
+    other.close()
+
+    assert still_running, "the second viewer's overview drew while the cross join ran"
+    assert overview_drawn < 6
+    assert 5.5 < stopped < 15
+
+
+def test_stop_cancels_a_query_and_the_server_stops_within_seconds_of_sigterm_while_one_runs(
+    sample_dashboard, browser
+):
+    server, port, _, log = sample_dashboard
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.goto(f"http://127.0.0.1:{port}/?view=SQL")
+    page.get_by_role("textbox", name="SQL").fill(CROSS_JOIN)
+    page.get_by_role("button", name="Run", exact=True).click()
+    page.get_by_text("running for").wait_for(timeout=10_000)
+    clicked = time.monotonic()
+    page.get_by_role("button", name="Stop", exact=True).click()
+    page.get_by_text("Stopped.").wait_for(timeout=10_000)
+    stopped_in = time.monotonic() - clicked
+    page.get_by_role("button", name="Run", exact=True).click()
+    page.get_by_text("running for").wait_for(timeout=10_000)
+
+    signalled = time.monotonic()
+    server.send_signal(signal.SIGTERM)
+    try:
+        server.wait(timeout=10)
+    finally:
+        page.close()
+    assert stopped_in < 3
+    assert time.monotonic() - signalled < 5, log.read_text()[-2000:]
