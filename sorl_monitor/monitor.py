@@ -217,8 +217,6 @@ class Monitor:
         if not enabled:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        if self.rank == 0:
-            write_json_atomic(self.run_dir / RUN_FILE, self._meta)
         self._writer = ParquetStreamWriter(
             self.run_dir,
             self.rank,
@@ -227,6 +225,14 @@ class Monitor:
             max_pending_rows=max_pending_rows,
             compact_parts=32 if compact else 0,
         )
+        if self._writer.refused:  # a second monitor on this run and rank: never let it overwrite the first
+            self._warn_once(
+                "dropped",
+                f"sorl-monitor writes nothing: {self._writer.refused}; give each monitor its own run name "
+                "or rank (rows logged here are counted as dropped)",
+            )
+        elif self.rank == 0:
+            write_json_atomic(self.run_dir / RUN_FILE, self._meta)
         atexit.register(self._close_at_exit)
 
     # ------------------------------------------------------------------ attach
@@ -476,9 +482,9 @@ class Monitor:
         return self._writer.flush(timeout) if self._writer else True
 
     def update_run_info(self, **fields: Any) -> None:
-        """Merge ``fields`` into ``run.json`` (rank 0; atomic rewrite)."""
+        """Merge ``fields`` into ``run.json`` (rank 0, unless its writer was refused; atomic rewrite)."""
         self._meta.update(fields)
-        if self.enabled and self.rank == 0:
+        if self.enabled and self.rank == 0 and not (self._writer is not None and self._writer.refused):
             try:
                 write_json_atomic(self.run_dir / RUN_FILE, self._meta)
             except Exception as error:  # noqa: BLE001

@@ -405,6 +405,8 @@ class RunSet:
         in ``loss`` would make every query of its table that computes on ``loss`` fail, naming no file)."""
         try:
             schema = pq.read_schema(path)
+        except FileNotFoundError:  # compacted away since it was listed
+            return False
         except Exception as error:  # noqa: BLE001 - any unreadable file is skipped, loudly
             self._skip(path, error)
             return False

@@ -5,16 +5,20 @@ into Arrow tables and writes ``<run_dir>/<table>/rank=R/part-NNNNNN.parquet`` ev
 ``flush_interval_s`` seconds or ``flush_rows`` rows per table: to ``part-N.parquet.tmp`` first, then
 ``os.replace``, so a reader never sees a half-written file and a crash (even SIGKILL) loses at most
 what was queued since the last flush. A full queue or a failing disk never raises into the caller:
-the rows are dropped and counted (``stats()``).
+the rows are dropped and counted (``stats()``). One writer per run and rank: a second one is refused
+(``refused``), never let to overwrite the first one's parts. Compaction runs on a thread of its own, so
+merging parts never delays a flush.
 """
 
 from __future__ import annotations
 
 import collections
+import fcntl
 import json
 import math
 import numbers
 import os
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -128,10 +132,15 @@ class ParquetStreamWriter:
     ``max_pending_rows`` wait. ``flush()`` waits until what was submitted before it is on disk;
     ``close()`` flushes, compacts and stops the thread. Each counter is written by one thread only.
 
+    The writer holds ``<run_dir>/.writer-rank<R>.lock`` (``flock``) while it lives: a second writer of the
+    same run and rank, in this process or another, writes nothing and says why in ``refused`` (its rows
+    are counted as dropped) instead of overwriting the first one's parts.
+
     Compaction keeps a long run's file count small: once ``compact_parts`` parts of fewer than
-    ``compact_rows`` rows have piled up, they are rewritten as one ``part-A-B.parquet`` (then the
-    originals are deleted; readers skip parts inside a compacted range, so nothing is read twice);
-    ``close()`` compacts whatever small parts are left. ``compact_parts=0`` turns compaction off.
+    ``compact_rows`` rows have piled up, a compaction thread rewrites them as one ``part-A-B.parquet``,
+    reading one row group at a time (then the originals are deleted; readers skip parts inside a
+    compacted range, so nothing is read twice); ``close()`` compacts whatever small parts are left.
+    ``compact_parts=0`` turns compaction off.
     """
 
     def __init__(
@@ -156,6 +165,10 @@ class ParquetStreamWriter:
         self.compact_parts = compact_parts
         self.compact_rows = compact_rows
         self._written_parts: dict[str, list[_Part]] = {}
+        self._parts_lock = threading.Lock()  # _written_parts: appended by the writer, merged by the compactor
+        self._compact_due = threading.Event()
+        self._stopping = False
+        self._compact_at_close = True
         self._pending: collections.deque[Any] = collections.deque()
         self._wake = threading.Event()
         self._buffers: dict[str, list[Any]] = {}
@@ -173,8 +186,19 @@ class ParquetStreamWriter:
         self._errors = 0
         self._error = ""
         self._closed = False
+        self.refused = ""
+        """Why this writer writes nothing ("" when it writes): another writer holds this run and rank."""
+        self._lock_fd = self._take_lock()
         self._thread = threading.Thread(target=self._run, name=f"sorl-writer-rank{rank}", daemon=True)
-        self._thread.start()
+        self._compactor = (
+            threading.Thread(target=self._compact_loop, name=f"sorl-compactor-rank{rank}", daemon=True)
+            if compact_parts and not self.refused
+            else None
+        )
+        if not self.refused:
+            self._thread.start()
+        if self._compactor is not None:
+            self._compactor.start()
 
     # ------------------------------------------------------------------ training-thread side
     def submit(self, table: str, payload: Any, n_rows: int) -> bool:
@@ -183,7 +207,9 @@ class ParquetStreamWriter:
         waiting = self._submitted - self._refused - self._taken
         if self._closed or waiting > self.max_pending_rows or not self._thread.is_alive():
             self._refused += n_rows
-            self._refused_reason = "writer is closed" if self._closed else "queue full (writer behind)"
+            self._refused_reason = self.refused or (
+                "writer is closed" if self._closed else "queue full (writer behind)"
+            )
             return False
         self._pending.append((table, payload, n_rows))
         if waiting >= self.flush_rows:
@@ -199,14 +225,17 @@ class ParquetStreamWriter:
         self._wake.set()
         return done.wait(timeout)
 
-    def close(self, timeout: float | None = 60.0) -> None:
-        """Flush what is queued and stop the thread (idempotent)."""
+    def close(self, timeout: float | None = 60.0, *, compact: bool = True) -> None:
+        """Flush what is queued and stop the thread (idempotent); ``compact=False`` leaves small parts as
+        they are and does not wait for a merge under way (a process being terminated should exit)."""
         if self._closed:
             return
         self._closed = True
+        self._compact_at_close = compact
         self._pending.append(_STOP)
         self._wake.set()
-        self._thread.join(timeout)
+        if self._thread.ident is not None:
+            self._thread.join(timeout)
 
     @property
     def rows_dropped(self) -> int:
@@ -237,8 +266,8 @@ class ParquetStreamWriter:
                     break
                 if item is _STOP:
                     self._flush_all()
-                    for table in list(self._written_parts):
-                        self._compact(table, force=True)
+                    self._stop_compactor()
+                    self._release_lock()
                     return
                 if isinstance(item, threading.Event):
                     self._flush_all()
@@ -311,14 +340,18 @@ class ParquetStreamWriter:
             return
         self._written += n_rows
         self._parts += 1
-        self._written_parts.setdefault(table, []).append(_Part(number, number, n_rows, path))
-        self._compact(table)
+        with self._parts_lock:
+            parts = self._written_parts.setdefault(table, [])
+            parts.append(_Part(number, number, n_rows, path))
+            due = self._small_tail(parts) >= self.compact_parts > 0
+        if due:
+            self._compact_due.set()
 
     def _write_file(self, data: pa.Table, path: Path) -> Path:
         """Write ``data`` to ``path`` all or nothing: to ``path.tmp``, then ``os.replace``."""
         tmp = path.with_name(path.name + ".tmp")
         try:
-            exact = _non_float_columns(data)
+            exact = _non_float_columns(data.schema)
             pq.write_table(
                 data, tmp, compression=self.compression, write_statistics=exact, use_dictionary=exact
             )
@@ -327,6 +360,65 @@ class ParquetStreamWriter:
             tmp.unlink(missing_ok=True)
         return path
 
+    def _take_lock(self) -> int | None:
+        """Hold this run's writer lock for ``rank``; ``None`` (and ``refused`` set) if another writer holds it.
+
+        Where the lock file cannot be made or the file system has no locks, the writer goes on unlocked.
+        """
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.run_dir / f".writer-rank{self.rank}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another writer"
+            os.close(fd)
+            self.refused = f"run {self.run_dir.name!r} rank {self.rank} is being written by {holder}"
+            return None
+        except OSError:
+            os.close(fd)
+            return None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
+        return fd
+
+    def _release_lock(self) -> None:
+        if self._lock_fd is not None:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)  # for a forked child holding a copy too
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    # ------------------------------------------------------------------ compaction thread
+    def _small_tail(self, parts: list[_Part]) -> int:
+        """How many of the newest ``parts`` have fewer than ``compact_rows`` rows (call with the lock held)."""
+        small = 0
+        while small < len(parts) and parts[-1 - small].rows < self.compact_rows:
+            small += 1
+        return small
+
+    def _stop_compactor(self) -> None:
+        """Let the compaction thread end: after merging the leftovers when compacting at close."""
+        if self._compactor is None:
+            return
+        self._stopping = True
+        self._compact_due.set()
+        if self._compact_at_close:
+            self._compactor.join()
+
+    def _compact_loop(self) -> None:
+        while True:
+            self._compact_due.wait()
+            self._compact_due.clear()
+            stopping = self._stopping
+            if stopping and not self._compact_at_close:
+                return
+            for table in list(self._written_parts):
+                self._compact(table, force=stopping)
+            if stopping:
+                return
+
     def _compact(self, table: str, force: bool = False) -> None:
         """Rewrite the trailing small parts this writer wrote as one ``part-A-B.parquet``, then delete them.
 
@@ -334,29 +426,65 @@ class ParquetStreamWriter:
         contiguous. Runs once ``compact_parts`` of them exist, or with ``force`` once there are two.
         A failure leaves the parts as they were (nothing is lost) and is recorded in ``last_error``.
         """
-        parts = self._written_parts.get(table, [])
-        if not self.compact_parts:
-            return
-        small = 0
-        while small < len(parts) and parts[-1 - small].rows < self.compact_rows:
-            small += 1
-        if small < (2 if force else self.compact_parts):
-            return
-        merged_parts = parts[-small:]
+        with self._parts_lock:
+            parts = self._written_parts.get(table, [])
+            small = self._small_tail(parts)
+            if small < (2 if force else self.compact_parts):
+                return
+            merged_parts = parts[-small:]
         first, last = merged_parts[0].first, merged_parts[-1].last
+        path = merged_parts[0].path.with_name(f"part-{first:06d}-{last:06d}.parquet")
         try:
-            data = pa.concat_tables(
-                [pq.ParquetFile(p.path).read() for p in merged_parts], promote_options="permissive"
-            )
-            path = self._write_file(
-                data, merged_parts[0].path.with_name(f"part-{first:06d}-{last:06d}.parquet")
-            )
+            rows = self._merge(merged_parts, path)
         except Exception as error:  # noqa: BLE001 - compaction is an optimisation; the parts stay readable
             self._error = f"{table}: compaction failed: {type(error).__name__}: {error}"
             return
+        with self._parts_lock:  # the writer appended meanwhile; the merged ones are still in a row
+            at = next(i for i, part in enumerate(parts) if part is merged_parts[0])
+            parts[at : at + len(merged_parts)] = [_Part(first, last, rows, path)]
         for part in merged_parts:
             part.path.unlink(missing_ok=True)
-        parts[-small:] = [_Part(first, last, data.num_rows, path)]
+
+    def _merge(self, parts: list[_Part], path: Path) -> int:
+        """Write the rows of ``parts`` to ``path`` all or nothing, ``MERGE_ROWS`` rows in memory at a time;
+        returns the row count."""
+        schema = pa.unify_schemas([pq.read_schema(p.path) for p in parts], promote_options="permissive")
+        exact = _non_float_columns(schema)
+        tmp = path.with_name(path.name + ".tmp")
+        rows, held, held_rows = 0, [], 0
+        try:
+            with pq.ParquetWriter(
+                tmp, schema, compression=self.compression, write_statistics=exact, use_dictionary=exact
+            ) as out:
+                for part in parts:
+                    with pq.ParquetFile(part.path) as source:
+                        for batch in source.iter_batches(batch_size=MERGE_ROWS):
+                            held.append(_aligned(batch, schema))
+                            held_rows += batch.num_rows
+                            if held_rows >= MERGE_ROWS:
+                                out.write_table(pa.Table.from_batches(held), row_group_size=held_rows)
+                                rows, held, held_rows = rows + held_rows, [], 0
+                if held:
+                    out.write_table(pa.Table.from_batches(held), row_group_size=held_rows)
+                    rows += held_rows
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return rows
+
+
+MERGE_ROWS = 131_072
+"""Rows a compaction holds in memory at a time (and the row-group size of a merged part)."""
+
+
+def _aligned(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """``batch`` with ``schema``'s columns in its order: missing ones null, others cast to its types."""
+    columns = []
+    for field in schema:
+        index = batch.schema.get_field_index(field.name)
+        column = pa.nulls(batch.num_rows, field.type) if index < 0 else batch.column(index)
+        columns.append(column if column.type == field.type else column.cast(field.type))
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
 @dataclass
@@ -369,7 +497,7 @@ class _Part:
     path: Path
 
 
-def _non_float_columns(data: pa.Table) -> list[str]:
+def _non_float_columns(schema: pa.Schema) -> list[str]:
     """Columns written with min/max statistics and dictionary encoding: all but floating-point ones.
 
     Statistics: Parquet's float statistics leave NaN out, and DuckDB (2.0, duckdb/duckdb#25521) trusts
@@ -379,7 +507,7 @@ def _non_float_columns(data: pa.Table) -> list[str]:
     leaving floats plain nearly doubles the write rate (``benchmarks/bench_writer.py``) for files within
     a few percent of the size (measured on ``sample_logs``).
     """
-    return [field.name for field in data.schema if not pa.types.is_floating(field.type)]
+    return [field.name for field in schema if not pa.types.is_floating(field.type)]
 
 
 def _payload_rows(payload: Any) -> int:

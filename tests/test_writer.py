@@ -132,7 +132,9 @@ def test_small_parts_are_compacted_and_every_row_is_read_once(tmp_path):
     for step in range(10):
         writer.submit("steps", [{"step": step, "loss": float(step)}], 1)
         assert writer.flush()
-    names_before_close = sorted(p.name for p in (tmp_path / "steps" / "rank=0").iterdir())
+    folder = tmp_path / "steps" / "rank=0"
+    wait_for(lambda: any(p.match("part-*-*.parquet") for p in folder.iterdir()))  # merged on its thread
+    names_before_close = sorted(p.name for p in folder.iterdir())
     writer.close()
     names = sorted(p.name for p in (tmp_path / "steps" / "rank=0").iterdir())
     assert len(names_before_close) < 10  # compacted while running
@@ -161,7 +163,8 @@ def test_a_compacted_part_hides_the_parts_it_replaced_in_its_own_folder_only():
 
 
 def test_readers_see_no_duplicates_or_errors_while_parts_are_compacted(tmp_path):
-    writer = ParquetStreamWriter(tmp_path / "run", compact_parts=3, flush_interval_s=0.01)
+    # a part every 50 ms, a merge every 2–3 parts (in a run: every 32 parts, 2 s apart)
+    writer = ParquetStreamWriter(tmp_path / "run", compact_parts=3, flush_interval_s=0.05)
     stop = threading.Event()
 
     def write() -> None:
