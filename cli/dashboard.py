@@ -20,6 +20,7 @@ import dashboard
 from cli.common import LogFormatOption, err_console, fail, user_errors
 from dashboard.settings import (
     CONFIG_ENV,
+    DEFAULT_REFRESH_S,
     DEFAULT_SQL_TIMEOUT_S,
     FORMAT_ENV,
     LOG_DIR_ENV,
@@ -77,7 +78,7 @@ def dashboard_command(
     ] = "127.0.0.1",
     refresh: Annotated[
         float, typer.Option(min=0.25, help="Seconds between live redraws of a run being written.")
-    ] = 1.0,
+    ] = DEFAULT_REFRESH_S,
     sql_timeout: Annotated[
         float, typer.Option("--sql-timeout", min=0.1, help="Seconds a statement of the SQL tab may run.")
     ] = DEFAULT_SQL_TIMEOUT_S,

@@ -25,6 +25,7 @@ VIEWS = {
     "SQL": sql_view.render,
 }
 SMOOTHING = (0, 8, 32, 128, 512)
+RUN_LIST_REFRESH_S = 5.0  # the sidebar's run list: new runs and statuses (the views redraw every --refresh)
 COMPACT = "<style>.block-container {padding-top: 2.2rem; padding-bottom: 1rem;}</style>"
 # less white space above the tabs: the overview's panels fit a 1600 × 1000 screen
 
@@ -89,7 +90,7 @@ with st.sidebar:
                 help="detector families whose alert onsets are drawn",
             )),
         )  # fmt: skip
-    common.live_fragment(common.refresh_interval(live_on, settings), overview_view.run_status, live, run_ids)
+    common.live_fragment(RUN_LIST_REFRESH_S if live_on else None, overview_view.run_status, live, run_ids)
 
 st.session_state["asked-runs"] = [*selected, *pending]
 if pending:

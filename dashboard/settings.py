@@ -16,7 +16,7 @@ FORMAT_ENV = "SORL_DASHBOARD_LOG_FORMAT"
 """The log format ``sorl dashboard --format`` forces (``sorl_monitor.logs.FORMATS``); detected when unset."""
 SQL_TIMEOUT_ENV = "SORL_DASHBOARD_SQL_TIMEOUT_S"
 """Seconds a statement of the SQL tab may run (``sorl dashboard --sql-timeout``)."""
-DEFAULT_REFRESH_S = 1.0
+DEFAULT_REFRESH_S = 0.5
 DEFAULT_SQL_TIMEOUT_S = 30.0
 
 

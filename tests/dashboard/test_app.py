@@ -24,6 +24,7 @@ from tests.dashboard.conftest import (
     wait_for_verdicts,
 )
 from tests.detectors.synthetic import stable_rows, write_rows
+from tests.logs.test_cli_logs import hf_history
 
 BOTH = [GUARDED, STABLE]
 
@@ -238,3 +239,18 @@ def test_a_truncated_part_is_named_with_its_reason_instead_of_a_wrong_message(mo
     )
     assert "magic bytes" in warning  # the reader's reason
     assert "has not logged an update yet" not in page_text(app)
+
+
+@pytest.mark.parametrize("view", ["Overview", "Turns", "Gradients", "Alerts & verdict"])
+def test_another_tools_log_with_steps_only_shows_in_every_view(monkeypatch, tmp_path, view):
+    log = hf_history(tmp_path / "trainer_state.json")
+    app = wait_for_verdicts(open_app(monkeypatch, log, view=view))
+    assert_clean(app)
+    text = page_text(app)
+    expected = {
+        "Overview": lambda: "overview" in charts(app),
+        "Turns": lambda: "has no turn rows" in text,
+        "Gradients": lambda: "logged no per-module grad norms" in text,
+        "Alerts & verdict": lambda: "**Verdict: " in text and "imported" in text,
+    }
+    assert expected[view](), text
