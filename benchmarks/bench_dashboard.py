@@ -209,6 +209,8 @@ def main() -> None:
     parser.add_argument("--refreshes", type=int, default=10)
     parser.add_argument("--skip-sample-logs", action="store_true", help="measure only the 1 M-turn-row run")
     args = parser.parse_args()
+    if not Path(CHROMIUM).exists():
+        raise SystemExit(f"needs Chromium at {CHROMIUM} (make browser installs Debian's)")
     torch.set_num_threads(1)
     print(f"load average before: {os.getloadavg()[0]:.1f}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-dashboard-") as scratch, sync_playwright() as playwright:

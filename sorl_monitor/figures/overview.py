@@ -79,10 +79,10 @@ def overview_figure(runs: Sequence[RunCurves], options: OverviewOptions | None =
                 curves = _curve_traces(run, index, x, panel, row, position, column, label, options, len(runs))
                 traces += curves
                 drawn[panel.title] += [np.asarray(t["y"], dtype=np.float64) for t in curves]
-        traces += _marker_traces(run, index, x, panels, options)
-        traces += _lane_traces(run, axes, lane, options, len(panels) + 1, several=len(runs) > 1)
+        traces += _marker_traces(run, x, panels, options)
+        traces += _lane_traces(run, axes, options, len(panels) + 1, several=len(runs) > 1)
         shapes += _collapse_and_ctn(run, axes, len(runs), annotations)
-    traces += _legend_samples(runs, panels, options, lane)
+    traces += _legend_samples(runs, panels, options)
     for row, panel in enumerate(panels, start=1):
         if _is_log(panel, options):
             layout[_axis_name("yaxis", row)].update(log_axis(drawn[panel.title]))
@@ -120,10 +120,9 @@ def _layout(
     """Axes stacked top to bottom (panels ``1…n``, the lane ``n+1``), one panel title each, sized in pixels."""
     top, bottom = (44 if several else 30), 40
     lane_px = LANE_ROW_PX * len(lane) + 8 if lane else 0
-    body = lane_px + len(panels) * (options.panel_height + TITLE_PX)
-    plot = body
+    plot = lane_px + len(panels) * (options.panel_height + TITLE_PX)
     layout: dict[str, Any] = {
-        "height": top + body + bottom,
+        "height": top + plot + bottom,
         "margin": {"t": top, "b": bottom, "l": 62, "r": 190},
         "template": "plotly_white",
         "font": FONT,
@@ -225,7 +224,7 @@ def _series_count(panel: Panel, run: RunCurves) -> int:
 
 
 def _marker_traces(
-    run: RunCurves, index: int, x: np.ndarray, panels: Sequence[Panel], options: OverviewOptions
+    run: RunCurves, x: np.ndarray, panels: Sequence[Panel], options: OverviewOptions
 ) -> list[dict[str, Any]]:
     """Each onset on the curve of its detector's panel, one trace per (panel, family)."""
     steps = column_values(run.steps, "step")
@@ -254,7 +253,7 @@ def _marker_traces(
 
 
 def _lane_traces(
-    run: RunCurves, axes: XAxis, lane: list[str], options: OverviewOptions, axis: int, *, several: bool
+    run: RunCurves, axes: XAxis, options: OverviewOptions, axis: int, *, several: bool
 ) -> list[dict[str, Any]]:
     """The run's rows of the lane: onsets per family, CTN-on spans as bars."""
     prefix = f"{run.run_id} · " if several else ""
@@ -271,7 +270,7 @@ def _lane_traces(
              "y": [prefix + family] * len(onsets), "text": [_hover(run, o) for o in onsets],
              "hovertemplate": "%{text}<extra></extra>", "marker": _marker_style(onsets, size=9)}
         )  # fmt: skip
-    if run.timeline.ctn_spans and lane:
+    if run.timeline.ctn_spans:
         xs: list[float | None] = []
         for start, end in run.timeline.ctn_spans:
             xs += [*axes.at(run.run_id, [start, end]), None]
@@ -308,7 +307,7 @@ def _collapse_and_ctn(
 
 
 def _legend_samples(
-    runs: Sequence[RunCurves], panels: Sequence[Panel], options: OverviewOptions, lane: list[str]
+    runs: Sequence[RunCurves], panels: Sequence[Panel], options: OverviewOptions
 ) -> list[dict[str, Any]]:
     """Legend entries without data: one per alert family (click: show or hide its markers), per run (several
     runs: its colour), and, with several runs, per series of a panel (its line style; click: show or hide it)."""
