@@ -57,7 +57,7 @@ def render(live: LiveRuns, run_ids: Sequence[str], refresh_s: float | None, opti
         cut = result.num_rows > MAX_ROWS
         result = result.slice(0, MAX_ROWS)
         st.caption(
-            f"{result.num_rows:,} rows"
+            f"{result.num_rows:,} row{'' if result.num_rows == 1 else 's'}"
             + (f" (the first {MAX_ROWS:,}: the statement has more)" if cut else "")
         )
         st.dataframe(result, hide_index=True, key="sql-result")
