@@ -284,7 +284,8 @@ class ParquetStreamWriter:
                 deadline = time.monotonic() + self.flush_interval_s
 
     def _flush_all(self) -> None:
-        for table in list(self._buffers):
+        """Write every table's buffer, the smallest first: a large ``turns`` write never holds back ``steps``."""
+        for table in sorted(self._buffers, key=lambda name: self._buffered_rows.get(name, 0)):
             self._flush(table)
 
     def _part_number(self, folder: Path, table: str) -> int:

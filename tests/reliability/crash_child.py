@@ -1,6 +1,6 @@
 """A training-like process that streams updates (with multi-turn rows) through ``Monitor`` until killed.
 
-python -m tests.reliability.crash_child LOG_DIR RUN FLUSH_INTERVAL_S PROGRESS_FILE
+python -m tests.reliability.crash_child LOG_DIR RUN FLUSH_INTERVAL_S PROGRESS_FILE [FLUSH_ROWS]
 
 After each ``log_update`` it stores ``(step, time)`` in PROGRESS_FILE through a shared memory map, so
 the parent knows what was logged when it SIGKILLs this process (a map outlives the process's death).
@@ -31,7 +31,8 @@ def main() -> None:
     )
     with open(progress_path, "r+b") as handle:
         progress = mmap.mmap(handle.fileno(), PROGRESS.size)
-    mon = Monitor(log_dir, run_name, flush_interval_s=flush_interval)
+    flush_rows = int(sys.argv[5]) if len(sys.argv) > 5 else 200_000
+    mon = Monitor(log_dir, run_name, flush_interval_s=flush_interval, flush_rows=flush_rows)
     model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 1))
     mon.watch(model)
     mask = torch.tensor(TURN * (TOKENS // len(TURN))).repeat(EPISODES, 1)
