@@ -241,7 +241,7 @@ def watch(
 ) -> None:
     """Follow a live run and print alerts as they start (and CTN switches, and a labelled collapse).
 
-    Stops on Ctrl-C, after --max-seconds, or when the run is marked finished or failed.
+    Stops on Ctrl-C, after --max-seconds, or when the run is marked finished, failed, interrupted or terminated.
     """
     config = _config(config_file, set_)
     notifier = Notifier(notify) if notify else None
@@ -303,7 +303,7 @@ def _watch(
                     )
                     if notifier is not None:
                         notifier.send(collapse_text(run_id, label["collapse_step"], label["collapse_reason"]))
-                if info is not None and info.status in ("finished", "failed"):
+                if info is not None and info.status in ("finished", "failed", "interrupted", "terminated"):
                     console.print(f"run {run_id} is {info.status}")
                     return
                 if max_seconds is not None and time.monotonic() - started >= max_seconds:

@@ -11,6 +11,12 @@ Metrics are computed on the tensors' device (``sorl_monitor.metrics``), packed i
 moved to the host once per update; rows go to a background Parquet writer. Nothing here raises
 into the training loop once the monitor is built: a failure is counted (``monitor_errors``) and
 warned about once.
+
+``run.json``'s status comes from the process that owns the run: ``finished`` on ``close()``, ``failed`` on
+an uncaught exception, ``interrupted`` on Ctrl-C (``KeyboardInterrupt``), ``terminated`` on SIGTERM (what
+SLURM, Kubernetes and torchrun send): everything logged is flushed first, then the signal does what it
+did before (the handler that was installed is called, or the process ends by SIGTERM). A forked child's
+copy of a monitor is closed: it never writes to, or marks, its parent's run.
 """
 
 from __future__ import annotations
@@ -23,10 +29,13 @@ import os
 import platform
 import re
 import secrets
+import signal
 import socket
 import sys
+import threading
 import time
 import warnings
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -125,6 +134,60 @@ def _shared_run_id(run_id: str, world_size: int) -> str:
         torch.distributed.broadcast_object_list(box, src=0)
         return box[0]
     return run_id
+
+
+_LIVE: weakref.WeakSet[Monitor] = weakref.WeakSet()
+"""The open monitors of this process (flushed on SIGTERM, closed in a forked child)."""
+_sigterm: dict[str, Any] = {"pid": None, "previous": None, "received": False}
+"""Our SIGTERM handler: the process it is installed in, the handler it chains to, whether SIGTERM came."""
+TERMINATE_TIMEOUT_S = 20.0
+"""How long a SIGTERM waits for the rows still queued to reach disk (SLURM and Kubernetes allow 30 s)."""
+
+
+def ending_status(exc_type: type[BaseException] | None) -> str:
+    """A run's status when its process ends with ``exc_type`` uncaught (``None``: normally):
+    ``terminated`` once SIGTERM came, ``interrupted`` on ``KeyboardInterrupt``, ``failed`` on any other."""
+    if _sigterm["received"]:
+        return "terminated"
+    if exc_type is None:
+        return "finished"
+    return "interrupted" if issubclass(exc_type, KeyboardInterrupt) else "failed"
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    """Flush every monitor of this process and record ``terminated``, then let SIGTERM act as before."""
+    previous = _sigterm["previous"]
+    if _sigterm["pid"] == os.getpid():
+        _sigterm["received"] = True
+        for monitor in list(_LIVE):
+            monitor._terminate(exiting=previous == signal.SIG_DFL)
+    if callable(previous):
+        previous(signum, frame)
+    elif previous == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)  # end by SIGTERM, as without this handler
+
+
+def _handle_sigterm() -> None:
+    """Install ``_on_sigterm`` once per process, from the main thread, where a Python-level handler (or the
+    default) is in place; an ignored SIGTERM stays ignored."""
+    if _sigterm["pid"] == os.getpid() or threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is None or previous == signal.SIG_IGN:
+        return
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    _sigterm.update(pid=os.getpid(), previous=previous)
+
+
+def _close_copies_in_child() -> None:
+    """In a forked child, the parent's monitors are closed without touching their files."""
+    for monitor in list(_LIVE):
+        monitor._closed = True
+    _LIVE.clear()
+
+
+os.register_at_fork(after_in_child=_close_copies_in_child)
 
 
 class Monitor:
@@ -234,6 +297,8 @@ class Monitor:
         elif self.rank == 0:
             write_json_atomic(self.run_dir / RUN_FILE, self._meta)
         atexit.register(self._close_at_exit)
+        _LIVE.add(self)
+        _handle_sigterm()
 
     # ------------------------------------------------------------------ attach
     def watch(self, model: nn.Module, modules: Mapping[str, nn.Module] | None = None) -> Monitor:
@@ -490,14 +555,18 @@ class Monitor:
             except Exception as error:  # noqa: BLE001
                 self._fail("run.json", error)
 
-    def close(self, status: str = "finished") -> None:
-        """Flush and stop the writer, and mark the run ``status`` in ``run.json`` (idempotent)."""
+    def close(self, status: str | None = None, *, compact: bool = True) -> None:
+        """Flush and stop the writer, and mark the run ``status`` in ``run.json`` (idempotent); by default
+        ``terminated`` once this process got SIGTERM, else ``finished``. ``compact=False`` skips the last
+        merge of small parts (as on SIGTERM)."""
         if self._closed or not self.enabled:
             self._closed = True
             return
         self._closed = True
+        _LIVE.discard(self)
+        status = ending_status(None) if status is None else status
         if self._writer is not None:
-            self._writer.close()
+            self._writer.close(compact=compact)
             stats = self._writer.stats()
             if stats.rows_dropped:
                 self._warn_once(
@@ -518,11 +587,23 @@ class Monitor:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, *_: Any) -> None:
-        self.close("finished" if exc_type is None else "failed")
+        self.close(ending_status(exc_type))
 
     # ------------------------------------------------------------------ internals
     def _close_at_exit(self) -> None:
-        self.close("finished" if sys.exc_info()[0] is None else "failed")
+        # the interpreter sets sys.last_type for an uncaught exception before atexit runs (exc_info is empty)
+        self.close(ending_status(getattr(sys, "last_type", None)))
+
+    def _terminate(self, *, exiting: bool) -> None:
+        """SIGTERM: what was logged goes to disk and ``run.json`` says ``terminated``; closed if ``exiting``
+        (else the handler chained to decides, and the run may go on logging)."""
+        if self._closed:
+            return
+        if exiting:
+            self.close("terminated", compact=False)
+            return
+        self.flush(TERMINATE_TIMEOUT_S)
+        self.update_run_info(status="terminated", last_step=self._step)
 
     def _keys(
         self,
