@@ -130,7 +130,8 @@ class ParquetStreamWriter:
     ``submit(table, payload, n_rows)`` never blocks and never raises: it appends to a ``deque`` (atomic
     in CPython, no lock) that the writer thread drains, and drops (and counts) rows once more than
     ``max_pending_rows`` wait. ``flush()`` waits until what was submitted before it is on disk;
-    ``close()`` flushes, compacts and stops the thread. Each counter is written by one thread only.
+    ``close()`` flushes, compacts and stops the thread. Each counter is written by one thread only (the
+    compaction thread writes only ``last_error``).
 
     The writer holds ``<run_dir>/.writer-rank<R>.lock`` (``flock``) while it lives: a second writer of the
     same run and rank, in this process or another, writes nothing and says why in ``refused`` (its rows
