@@ -13,6 +13,7 @@ from typing import Annotated, Any, NoReturn, TypeVar
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import typer
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -137,7 +138,14 @@ def print_table(
         rows = [dict(zip(data.column_names, values, strict=True)) for values in zip(*columns, strict=True)]
         typer.echo(json.dumps(rows, default=str, allow_nan=True))
         return
-    table = Table(title=None if title is None else Text(title), show_lines=False, header_style="bold")
+    table = Table(
+        title=None if title is None else Text(title),
+        show_lines=False,
+        header_style="bold",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1, 0, 0),
+        pad_edge=False,
+    )
     for name in data.column_names:
         table.add_column(Text(name), overflow="fold")
     shown = data.slice(0, max_rows)

@@ -30,10 +30,22 @@ def output_format(csv: bool, json_: bool) -> str:
 
 
 @user_errors
-def runs(log_dir: RunPath, fmt: LogFormatOption = None) -> None:
-    """List the runs under LOG_DIR: algorithm, seed, status, updates, last reward."""
+def runs(
+    log_dir: RunPath, csv: CsvOption = False, json_: JsonOption = False, fmt: LogFormatOption = None
+) -> None:
+    """List the runs under LOG_DIR: algorithm, seed, status, updates, last reward (and path, with --csv/--json)."""
+    output = output_format(csv, json_)
     with open_or_fail(log_dir, fmt) as run_set:
-        print_table(run_overview(run_set), title=f"runs in {log_dir}")
+        overview = run_overview(run_set)
+    if output == "table":  # fits 80 columns: the path goes, two headers shorten
+        overview = overview.drop_columns(["path"]).rename_columns(
+            [
+                {"last_step": "step", "last_reward": "reward"}.get(n, n)
+                for n in overview.column_names
+                if n != "path"
+            ]
+        )
+    print_table(overview, output, title=f"runs in {log_dir}")
 
 
 @user_errors
