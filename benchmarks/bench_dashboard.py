@@ -78,7 +78,7 @@ def dashboard(log_dir: Path, log: Path, refresh_s: float = 0.5) -> Iterator[str]
     command = [
         sys.executable,
         "-m",
-        "cli.main",
+        "sorl_monitor.cli.main",
         "dashboard",
         str(log_dir),
         "--port",

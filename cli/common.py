@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import io
 import json
 import math
@@ -34,6 +35,14 @@ def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
     """Print ``error: message`` on stderr and exit with ``code``."""
     err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
+
+
+def require(module: str, extra: str) -> None:
+    """Fail in one line when an optional dependency of the command is not installed."""
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError:
+        fail(f"this command needs {module}: pip install 'sorl-monitor[{extra}]'")
 
 
 def user_errors(func: F) -> F:

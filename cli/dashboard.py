@@ -14,11 +14,10 @@ import sys
 from pathlib import Path
 from typing import Annotated
 
+import sorl_monitor.dashboard as dashboard
 import typer
-
-import dashboard
-from cli.common import LogFormatOption, err_console, fail, user_errors
-from dashboard.settings import (
+from sorl_monitor.cli.common import LogFormatOption, err_console, fail, require, user_errors
+from sorl_monitor.dashboard.settings import (
     CONFIG_ENV,
     DEFAULT_REFRESH_S,
     DEFAULT_SQL_TIMEOUT_S,
@@ -28,6 +27,7 @@ from dashboard.settings import (
     REFRESH_ENV,
     SQL_TIMEOUT_ENV,
 )
+
 from sorl_monitor.detectors import load_config
 from sorl_monitor.logs import FORMATS, detect_format
 
@@ -93,6 +93,8 @@ def dashboard_command(
     fmt: LogFormatOption = None,
 ) -> None:
     """Start the live dashboard on LOG_DIR: curves, turns, gradients, alerts and verdict, read-only SQL."""
+    require("streamlit", "dashboard")
+    require("plotly", "dashboard")
     if not log_dir.exists():
         fail(f"no such folder: {log_dir} (give the log_dir your Monitor writes to)")
     if not log_dir.is_dir() and fmt is None and detect_format(log_dir) is None:

@@ -13,15 +13,23 @@ from typing import Annotated, Any
 
 import pyarrow as pa
 import typer
+from sorl_monitor.cli.common import (
+    RUN_PATH_HELP,
+    LogFormatOption,
+    console,
+    fail,
+    open_or_fail,
+    print_table,
+    require,
+    user_errors,
+)
 
-from cli.common import RUN_PATH_HELP, LogFormatOption, console, fail, open_or_fail, print_table, user_errors
 from sorl_monitor.detectors import DetectorConfig, load_config
 from sorl_monitor.live import LiveRuns
 from sorl_monitor.notify import Notifier, alert_text, collapse_text
 from sorl_monitor.postmortem import Verdict
 from sorl_monitor.postmortem import postmortem as run_postmortem
 from sorl_monitor.query import RunSet
-from sorl_monitor.report import build_report
 
 EXIT_HEALTHY = 0
 """``sorl postmortem``: healthy, no collapse labelled (alerts may still be listed as notes)."""
@@ -151,6 +159,9 @@ def report(
     fmt: LogFormatOption = None,
 ) -> None:
     """One self-contained HTML page (opens offline) with the curves, alerts and verdict of each run."""
+    require("plotly", "dashboard")
+    from sorl_monitor.report import build_report
+
     config = _config(config_file, set_)
     if html_path.is_dir():
         fail(f"--html must name a file, not the folder {html_path}")

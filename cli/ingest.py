@@ -7,16 +7,19 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import pyarrow.compute as pc
 import typer
 
-from cli.common import LogFormatOption, console, err_console, fail, user_errors
-from sorl_monitor.integrations.verl import parse_record
+if TYPE_CHECKING:
+    from sorl_monitor.monitor import Monitor
+
+from sorl_monitor.cli.common import LogFormatOption, console, err_console, fail, require, user_errors
+
 from sorl_monitor.logs import LogSource, find_logs, fingerprint, read_source
 from sorl_monitor.logs.ingest import LINE_FORMATS, IngestReport, ingest_lines, ingest_run, parse_flat_line
-from sorl_monitor.monitor import Monitor
+from sorl_monitor.logs.verl import parse_record
 from sorl_monitor.query import QueryError, open_runs
 from sorl_monitor.schema import check_run_id
 
@@ -63,6 +66,9 @@ def last_ingested_step(run_dir: Path) -> int:
 def open_monitor(
     log_dir: Path, run_name: str, source: LogSource, config: dict, algorithm: str | None
 ) -> Monitor:
+    require("torch", "torch")
+    from sorl_monitor.monitor import Monitor
+
     config = {**config, "source": str(source.path), "format": source.format}
     try:
         return Monitor(log_dir, run_name, config, algorithm=algorithm)

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import typer
-
-from cli import core, diagnose, ingest
-from cli import dashboard as dashboard_cli
-from cli import train as train_cli
+from sorl_monitor.cli import core, diagnose, ingest
+from sorl_monitor.cli import dashboard as dashboard_cli
+from sorl_monitor.cli import train as train_cli
 
 app = typer.Typer(
     name="sorl",

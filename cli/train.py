@@ -14,8 +14,7 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
-
-from cli.common import console, fail, user_errors
+from sorl_monitor.cli.common import console, fail, require, user_errors
 
 ALGO_HELP = "ppo | turn_ppo | s_ppo | so_ppo (= st_ppo) | grpo | so_grpo"
 
@@ -82,6 +81,7 @@ def train_command(
 
     The config file, then --set, then the named options. Exit status: 0 healthy, 3 collapsed, 2 bad input.
     """
+    require("torch", "trainer")
     from sorl_monitor.postmortem import postmortem
     from sorl_monitor.query import open_runs
     from sorl_monitor.trainer.config import TrainConfig, load_config, with_settings
@@ -159,6 +159,7 @@ def demo_command(
 
     from rich.table import Table
 
+    require("torch", "trainer")
     from sorl_monitor.postmortem import postmortem
     from sorl_monitor.query import open_runs
     from sorl_monitor.trainer.config import TrainConfig

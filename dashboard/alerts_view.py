@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import streamlit as st
 
-from dashboard import common
+from sorl_monitor.dashboard import common
 from sorl_monitor.figures.overview import OverviewOptions
 from sorl_monitor.live import LiveRuns
 from sorl_monitor.postmortem import Verdict

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import alerts_view, common, gradients_view, overview_view, sql_view, turns_view
-from dashboard.settings import LOG_DIR_ENV
-from dashboard.settings import settings as read_settings
+from sorl_monitor.dashboard import alerts_view, common, gradients_view, overview_view, sql_view, turns_view
+from sorl_monitor.dashboard.settings import LOG_DIR_ENV
+from sorl_monitor.dashboard.settings import settings as read_settings
 from sorl_monitor.figures.overview import OverviewOptions
 from sorl_monitor.figures.panels import OVERVIEW_PANELS
 from sorl_monitor.figures.series import X_AXES

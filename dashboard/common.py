@@ -13,8 +13,8 @@ import plotly.graph_objects as go
 import pyarrow as pa
 import streamlit as st
 
-from dashboard.live_chart import live_chart
-from dashboard.settings import Settings
+from sorl_monitor.dashboard.live_chart import live_chart
+from sorl_monitor.dashboard.settings import Settings
 from sorl_monitor.detectors import load_config
 from sorl_monitor.live import LiveRuns
 from sorl_monitor.query import QueryError

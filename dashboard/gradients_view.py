@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import streamlit as st
 
-from dashboard import common
+from sorl_monitor.dashboard import common
 from sorl_monitor.figures.modules import module_norms_figure
 from sorl_monitor.figures.overview import OverviewOptions
 from sorl_monitor.figures.series import XAxis

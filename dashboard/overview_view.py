@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import streamlit as st
 
-from dashboard import common
+from sorl_monitor.dashboard import common
 from sorl_monitor.figures.overview import OverviewOptions, overview_figure
 from sorl_monitor.live import LiveRuns, RunInfo
 

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import streamlit as st
 
-from dashboard import common
+from sorl_monitor.dashboard import common
 from sorl_monitor.figures.overview import OverviewOptions
 from sorl_monitor.figures.series import XAxis
 from sorl_monitor.figures.turns import StepRatios, ratio_distribution_figure, turn_heatmap_figure

@@ -36,7 +36,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sorl_monitor.detectors import ALERT_COLUMNS, ArrowDetector, DetectorConfig, detect_params, with_columns
-from sorl_monitor.figures.overview import RunCurves
 from sorl_monitor.figures.series import column_values
 from sorl_monitor.postmortem import COLLAPSE_SQL, Verdict, postmortem
 from sorl_monitor.query import (
@@ -52,7 +51,7 @@ from sorl_monitor.query import (
 )
 from sorl_monitor.schema import SCHEMAS, conform
 from sorl_monitor.step_rows import step_rows
-from sorl_monitor.timeline import Timeline, alert_onsets, ctn_spans
+from sorl_monitor.timeline import RunCurves, Timeline, alert_onsets, ctn_spans
 
 T = TypeVar("T")
 

@@ -11,6 +11,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
+
 from sorl_monitor.detectors import DETECTORS, FAMILY_NAMES
 
 FAMILY = {d.name: d.family for d in DETECTORS}
@@ -32,6 +34,15 @@ class Timeline:
     ctn_spans: list[tuple[int, int]] = field(default_factory=list)
     """Step ranges with CTN on."""
     collapse_step: int | None = None
+
+
+@dataclass
+class RunCurves:
+    """What the overview draws of one run: its step rows (``step_rows.step_rows``) and its timeline."""
+
+    run_id: str
+    steps: pa.Table
+    timeline: Timeline = field(default_factory=Timeline)
 
 
 def alert_onsets(

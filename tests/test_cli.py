@@ -9,7 +9,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
+from sorl_monitor.cli.main import app
 from tests.conftest import write_run
 
 runner = CliRunner()

@@ -11,12 +11,11 @@ line style per series; each run's collapse line and CTN bars are labelled with i
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
-import pyarrow as pa
 
 from sorl_monitor.figures.panels import Panel, alert_spot, logged_panels
 from sorl_monitor.figures.series import XAxis, column_values, downsample, log_axis, smooth
@@ -29,20 +28,11 @@ from sorl_monitor.figures.style import (
     empty_figure,
     run_color,
 )
-from sorl_monitor.timeline import FAMILY_ORDER, Timeline
+from sorl_monitor.timeline import FAMILY_ORDER, RunCurves
 
 DASHES = ("solid", "dash", "dot", "dashdot", "longdash")
 """Line style of a panel's 1st, 2nd, … series when several runs are overlaid (the colour tells the run)."""
 LANE_ROW_PX, TITLE_PX = 15, 18
-
-
-@dataclass
-class RunCurves:
-    """What the overview draws of one run: its step rows (``step_rows.step_rows``) and its timeline."""
-
-    run_id: str
-    steps: pa.Table
-    timeline: Timeline = field(default_factory=Timeline)
 
 
 @dataclass(frozen=True)

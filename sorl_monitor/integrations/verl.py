@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import json
 import os
 import re
 import threading
@@ -39,6 +38,7 @@ from torch.utils.hooks import RemovableHandle
 from sorl_monitor.integrations.batches import TokenBatch, concat_batches, log_batch
 from sorl_monitor.integrations.names import TAP_MEASURED, map_metrics, names_for
 from sorl_monitor.logs.ingest import IngestReport, ingest_lines
+from sorl_monitor.logs.verl import parse_record
 from sorl_monitor.monitor import Monitor, MonitorWarning
 
 VERL_LOSS_PARAMETERS = (
@@ -322,22 +322,7 @@ def install_tracking_backend(log_dir: str | os.PathLike[str] = "runs", run_name:
 
 
 # ---------------------------------------------------------------------- (c) file-logger output
-
-
-def parse_record(line: bytes) -> tuple[int, dict[str, Any]]:
-    """``(step, data)`` of one file-logger line ``{"step": N, "data": {...}}``; ``ValueError`` if it is not one."""
-    try:
-        record = json.loads(line)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"not JSON ({error})") from None
-    if not isinstance(record, dict) or "data" not in record or "step" not in record:
-        raise ValueError('not a {"step": …, "data": {…}} record')
-    step, data = record["step"], record["data"]
-    if isinstance(step, bool) or not isinstance(step, int) or not isinstance(data, dict):
-        raise ValueError("step must be an integer and data an object")
-    if not 0 <= step < 2**63:
-        raise ValueError(f"step {step} is outside 0 … 2^63 − 1")
-    return step, data
+# (the line format itself is read by sorl_monitor.logs.verl.parse_record)
 
 
 def ingest_verl_jsonl(

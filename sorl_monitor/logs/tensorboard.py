@@ -5,7 +5,7 @@ is the order they were written in). Scalars come from ``simple_value`` (``Summar
 TF1 summaries) and from one-element numeric tensors (TF2 ``tf.summary.scalar``, ``add_scalar(...,
 new_style=True)``); tags whose plugin is not ``scalars`` (histograms, images, text) are skipped. A record
 still being written at the end of a live file is left for the next read. Needs the optional extra
-``sorl-monitor[tensorboard]``.
+``sorl-monitor[import]``.
 """
 
 from __future__ import annotations
@@ -19,9 +19,7 @@ from sorl_monitor.logs.table import NO_STEPS, ForeignRun, LogFormatError, foreig
 MARKER = "tfevents"
 """Event files are named ``events.out.tfevents.<time>.<host>…``."""
 SCALARS_PLUGIN = "scalars"
-INSTALL_HINT = (
-    "reading TensorBoard logs needs the tensorboard package: pip install 'sorl-monitor[tensorboard]'"
-)
+INSTALL_HINT = "reading TensorBoard logs needs the tensorboard package: pip install 'sorl-monitor[import]'"
 
 
 def is_event_file(path: Path) -> bool:

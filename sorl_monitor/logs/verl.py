@@ -1,12 +1,31 @@
-"""verl's ``file`` logger output: ``{"step": N, "data": {...}}`` per line (``integrations.verl.parse_record``)."""
+"""verl's ``file`` logger output: ``{"step": N, "data": {...}}`` per line (``parse_record``)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 from sorl_monitor.logs import jsonl
 from sorl_monitor.logs.table import ForeignRun, LogFormatError, foreign_run, one_row_per_step
 from sorl_monitor.schema import metric_column
+
+
+def parse_record(line: bytes) -> tuple[int, dict[str, Any]]:
+    """``(step, data)`` of one file-logger line ``{"step": N, "data": {...}}``; ``ValueError`` if it is not one."""
+    try:
+        record = json.loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"not JSON ({error})") from None
+    if not isinstance(record, dict) or "data" not in record or "step" not in record:
+        raise ValueError('not a {"step": …, "data": {…}} record')
+    step, data = record["step"], record["data"]
+    if isinstance(step, bool) or not isinstance(step, int) or not isinstance(data, dict):
+        raise ValueError("step must be an integer and data an object")
+    if not 0 <= step < 2**63:
+        raise ValueError(f"step {step} is outside 0 … 2^63 − 1")
+    return step, data
+
 
 DATA = "data."
 

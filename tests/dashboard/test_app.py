@@ -9,8 +9,8 @@ import time
 import pyarrow.compute as pc
 import pytest
 
-from dashboard import sql_view
-from dashboard.settings import SQL_TIMEOUT_ENV
+from sorl_monitor.dashboard import sql_view
+from sorl_monitor.dashboard.settings import SQL_TIMEOUT_ENV
 from sorl_monitor import Monitor
 from sorl_monitor.postmortem import postmortem
 from sorl_monitor.query import open_runs

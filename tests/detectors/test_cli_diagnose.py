@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
+from sorl_monitor.cli.main import app
 from sorl_monitor import Monitor
 from sorl_monitor.report import FIGURES_PER_RUN
 from sorl_monitor.writer import write_json_atomic
@@ -160,7 +160,7 @@ def test_watch_stops_after_max_seconds_on_a_running_run(runs):
 def _watch_process(run: Path, *extra: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
     return subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "watch", str(run), "--interval", "0.1", *extra],
+        [sys.executable, "-m", "sorl_monitor.cli.main", "watch", str(run), "--interval", "0.1", *extra],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
+from sorl_monitor.cli.main import app
 
 REAL_LOGS = Path(__file__).resolve().parents[2].parent / "shared" / "real_logs"
 LABELS = {

@@ -14,7 +14,7 @@ from datasets import Dataset
 from transformers import Trainer, TrainingArguments
 from typer.testing import CliRunner
 
-from cli.main import app
+from sorl_monitor.cli.main import app
 from sorl_monitor import Monitor
 from sorl_monitor.query import open_runs
 from tests.integrations import trainer_hooks

@@ -16,7 +16,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from cli.main import app
+from sorl_monitor.cli.main import app
 from sorl_monitor import Monitor, MonitorWarning
 from sorl_monitor.integrations.verl import SorlTracking, ingest_verl_jsonl, install_tracking_backend
 from sorl_monitor.query import open_runs
@@ -181,7 +181,7 @@ def test_cli_follow_streams_a_growing_file_and_stops_cleanly_on_ctrl_c(tmp_path)
     source = tmp_path / "exp.jsonl"
     source.write_bytes(b"")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    command = [sys.executable, "-m", "cli.main", "ingest", str(source), "--follow", "--poll", "0.05",
+    command = [sys.executable, "-m", "sorl_monitor.cli.main", "ingest", str(source), "--follow", "--poll", "0.05",
                "--log-dir", str(tmp_path / "runs")]  # fmt: skip
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

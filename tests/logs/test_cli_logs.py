@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
+from sorl_monitor.cli.main import app
 from sorl_monitor.live import LiveRuns
 from sorl_monitor.logs import read_log
 from sorl_monitor.query import open_runs
@@ -87,7 +87,7 @@ def stored_steps(run_dir: Path) -> list[int]:
 def test_ingest_follow_streams_a_growing_jsonl_and_stops_cleanly_on_ctrl_c(tmp_path):
     source = tmp_path / "prime.jsonl"
     source.write_text("")
-    command = [sys.executable, "-m", "cli.main", "ingest", str(source), "--format", "jsonl", "--follow",
+    command = [sys.executable, "-m", "sorl_monitor.cli.main", "ingest", str(source), "--format", "jsonl", "--follow",
                "--poll", "0.05", "--log-dir", str(tmp_path / "runs")]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

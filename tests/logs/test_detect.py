@@ -8,7 +8,7 @@ import os
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
+from sorl_monitor.cli.main import app
 from sorl_monitor.logs import FORMATS, LogFormatError, detect_format, read_log
 from sorl_monitor.query import QueryError, open_runs
 from tests.conftest import write_run

@@ -77,7 +77,7 @@ def test_the_cli_answers_from_the_readable_parts_and_warns_on_stderr(tmp_path):
         [
             sys.executable,
             "-m",
-            "cli.main",
+            "sorl_monitor.cli.main",
             "query",
             str(tmp_path),
             "SELECT count(*) AS n FROM steps",

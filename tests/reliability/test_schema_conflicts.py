@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
+from sorl_monitor.cli.main import app
 from sorl_monitor.query import CorruptPartWarning, open_runs
 from tests.conftest import write_run
 

@@ -60,7 +60,7 @@ def test_a_refresh_does_not_wait_for_a_users_query(run, tmp_path, record_measure
 
 SORL_MEASURING_PEAK = """
 import pathlib, resource, sys
-from cli.main import app
+from sorl_monitor.cli.main import app
 try:
     app(sys.argv[2:])
 finally:
@@ -88,7 +88,7 @@ def test_a_query_past_the_memory_limit_fails_with_one_line_and_the_process_stays
 
 
 def test_the_time_limit_is_a_cli_option(run):
-    command = [sys.executable, "-m", "cli.main", "query", str(run), ENDLESS, "--timeout", "0.5"]
+    command = [sys.executable, "-m", "sorl_monitor.cli.main", "query", str(run), ENDLESS, "--timeout", "0.5"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=ROOT,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
     assert result.returncode == 2
