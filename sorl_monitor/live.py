@@ -84,7 +84,10 @@ READERS = {"turns": TURN_CELLS_SQL}
 MAX_CHUNKS = 64
 """Kept tables grow by one Arrow chunk per read; past this many they are combined into one."""
 
-STATUS_LABELS = {"running": "live", "finished": "finished", "failed": "failed", "stale": "stale"}
+STATUS_LABELS = {
+    "running": "live", "finished": "finished", "failed": "failed", "interrupted": "interrupted",
+    "terminated": "terminated", "stale": "stale",
+}  # fmt: skip
 """How a run's ``run.json`` status shows (``stale``: marked running but silent for long)."""
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 import math
 import os
-import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -37,7 +36,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from sorl_monitor.integrations.batches import TokenBatch, concat_batches, log_batch
 from sorl_monitor.integrations.names import TAP_MEASURED, map_metrics, names_for
 from sorl_monitor.metrics import module_norms
-from sorl_monitor.monitor import Monitor, MonitorWarning, module_group
+from sorl_monitor.monitor import Monitor, module_group, warn
 
 Detector = Callable[[pa.Table], "pa.Table | Iterable[Mapping[str, Any]]"]
 """Recent ``steps`` rows → alerts, each with ``step, detector, severity, value, threshold, message``."""
@@ -200,7 +199,7 @@ class SorlCallback(TrainerCallback):
     def warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
             self._warned.add(key)
-            warnings.warn(f"sorl-monitor: {message}; training goes on", MonitorWarning, stacklevel=3)
+            warn(f"sorl-monitor: {message}; training goes on", stacklevel=3)
 
     def _pending_for(self, step: int) -> _PendingStep:
         if self._pending is not None and self._pending.step != step:

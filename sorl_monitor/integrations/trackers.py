@@ -21,13 +21,12 @@ trainer: a failure warns once (``MonitorWarning``) and training goes on. The hoo
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from sorl_monitor.integrations.names import names_for
 from sorl_monitor.integrations.verl import config_dict
-from sorl_monitor.monitor import Monitor, MonitorWarning
+from sorl_monitor.monitor import Monitor, warn
 
 Names = str | Mapping[str, str] | None
 
@@ -88,9 +87,8 @@ class TrackerRun:
         except Exception as error:  # noqa: BLE001 - a logger must never stop training
             if not self._warned:
                 self._warned = True
-                warnings.warn(
+                warn(
                     f"sorl-monitor: cannot log ({type(error).__name__}: {error}); training goes on",
-                    MonitorWarning,
                     stacklevel=3,
                 )
 
@@ -146,7 +144,7 @@ def install_openrlhf_logger(
             ours = OpenRLHFLogger(log_dir, run_name, config=getattr(self, "args", None))
             self.tensorboard_logger = _BothLoggers(getattr(self, "tensorboard_logger", None), ours)
         except Exception as error:  # noqa: BLE001 - never stop OpenRLHF from starting
-            warnings.warn(f"sorl-monitor: no OpenRLHF logger ({error})", MonitorWarning, stacklevel=2)
+            warn(f"sorl-monitor: no OpenRLHF logger ({error})", stacklevel=2)
 
     init.sorl_logger = True  # type: ignore[attr-defined]
     trainer_cls.__init__ = init
@@ -247,7 +245,7 @@ def install_prime_rl_monitor(
         try:
             monitors.MONITORS.append(PrimeRLMonitor(log_dir, run_name, kwargs.get("run_config")))
         except Exception as error:  # noqa: BLE001 - never stop prime-rl from starting
-            warnings.warn(f"sorl-monitor: no prime-rl monitor ({error})", MonitorWarning, stacklevel=2)
+            warn(f"sorl-monitor: no prime-rl monitor ({error})", stacklevel=2)
 
     setup.sorl_monitor = True  # type: ignore[attr-defined]
     monitors.setup = setup

@@ -27,7 +27,6 @@ import functools
 import os
 import re
 import threading
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -39,7 +38,7 @@ from sorl_monitor.integrations.batches import TokenBatch, concat_batches, log_ba
 from sorl_monitor.integrations.names import TAP_MEASURED, map_metrics, names_for
 from sorl_monitor.logs.ingest import IngestReport, ingest_lines
 from sorl_monitor.logs.verl import parse_record
-from sorl_monitor.monitor import Monitor, MonitorWarning
+from sorl_monitor.monitor import Monitor, warn
 
 VERL_LOSS_PARAMETERS = (
     "old_log_prob",
@@ -159,9 +158,8 @@ class MonitoredPolicyLoss:
     def _warn(self, error: Exception) -> None:
         if not self._warned:
             self._warned = True
-            warnings.warn(
+            warn(
                 f"sorl-monitor verl loss tap failed ({type(error).__name__}: {error}); training goes on",
-                MonitorWarning,
                 stacklevel=3,
             )
 
@@ -265,14 +263,14 @@ class SorlTracking:
         try:
             self.monitor.log_scalars(int(step), data, names=self.names)
         except Exception as error:  # noqa: BLE001
-            warnings.warn(f"sorl-monitor: cannot log verl metrics ({error})", MonitorWarning, stacklevel=2)
+            warn(f"sorl-monitor: cannot log verl metrics ({error})", stacklevel=2)
 
     def finish(self) -> None:
         """Close the run (idempotent; never raises)."""
         try:
             self.monitor.close()
         except Exception as error:  # noqa: BLE001
-            warnings.warn(f"sorl-monitor: cannot close the run ({error})", MonitorWarning, stacklevel=2)
+            warn(f"sorl-monitor: cannot close the run ({error})", stacklevel=2)
 
 
 def safe_run_name(text: str, default: str = "verl") -> str:
@@ -306,7 +304,7 @@ def install_tracking_backend(log_dir: str | os.PathLike[str] = "runs", run_name:
             name = run_name or safe_run_name(str(experiment_name))
             self.logger["sorl"] = SorlTracking(log_dir, name, config)
         except Exception as error:  # noqa: BLE001 - never stop verl from starting
-            warnings.warn(f"sorl-monitor: no sorl tracking backend ({error})", MonitorWarning, stacklevel=2)
+            warn(f"sorl-monitor: no sorl tracking backend ({error})", stacklevel=2)
 
     original_finish = getattr(Tracking, "finish", None)
 
