@@ -19,10 +19,6 @@ from sorl_monitor.query import open_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE_LOGS = ROOT / "sample_logs"
-pytestmark = pytest.mark.skipif(
-    not SAMPLE_LOGS.is_dir(),
-    reason="sample_logs/ (the bundled trainer's real runs) is not on this branch yet",
-)
 
 
 @pytest.fixture(scope="module")
