@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+
 from sorl_monitor.cli.common import (
     RUN_PATH_HELP,
     TABLE_ROWS,
@@ -14,7 +15,6 @@ from sorl_monitor.cli.common import (
     print_table,
     user_errors,
 )
-
 from sorl_monitor.query import USER_SQL_TIMEOUT_S, metric_summary, run_overview
 
 RunPath = Annotated[str, typer.Argument(help=RUN_PATH_HELP)]

@@ -14,8 +14,9 @@ import sys
 from pathlib import Path
 from typing import Annotated
 
-import sorl_monitor.dashboard as dashboard
 import typer
+
+import sorl_monitor.dashboard as dashboard
 from sorl_monitor.cli.common import LogFormatOption, err_console, fail, require, user_errors
 from sorl_monitor.dashboard.settings import (
     CONFIG_ENV,
@@ -27,7 +28,6 @@ from sorl_monitor.dashboard.settings import (
     REFRESH_ENV,
     SQL_TIMEOUT_ENV,
 )
-
 from sorl_monitor.detectors import load_config
 from sorl_monitor.logs import FORMATS, detect_format
 

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 import pyarrow as pa
 import typer
+
 from sorl_monitor.cli.common import (
     RUN_PATH_HELP,
     LogFormatOption,
@@ -23,7 +24,6 @@ from sorl_monitor.cli.common import (
     require,
     user_errors,
 )
-
 from sorl_monitor.detectors import DetectorConfig, load_config
 from sorl_monitor.live import LiveRuns
 from sorl_monitor.notify import Notifier, alert_text, collapse_text

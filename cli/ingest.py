@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     from sorl_monitor.monitor import Monitor
 
 from sorl_monitor.cli.common import LogFormatOption, console, err_console, fail, require, user_errors
-
 from sorl_monitor.logs import LogSource, find_logs, fingerprint, read_source
 from sorl_monitor.logs.ingest import LINE_FORMATS, IngestReport, ingest_lines, ingest_run, parse_flat_line
 from sorl_monitor.logs.verl import parse_record

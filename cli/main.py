@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import typer
+
 from sorl_monitor.cli import core, diagnose, ingest
 from sorl_monitor.cli import dashboard as dashboard_cli
 from sorl_monitor.cli import train as train_cli

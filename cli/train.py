@@ -14,6 +14,7 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+
 from sorl_monitor.cli.common import console, fail, require, user_errors
 
 ALGO_HELP = "ppo | turn_ppo | s_ppo | so_ppo (= st_ppo) | grpo | so_grpo"

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 import pyarrow.csv as pacsv
 import streamlit as st
 
+from sorl_monitor.background_query import BackgroundQuery
 from sorl_monitor.dashboard import common
 from sorl_monitor.dashboard.settings import settings
-from sorl_monitor.background_query import BackgroundQuery
 from sorl_monitor.figures.overview import OverviewOptions
 from sorl_monitor.live import LiveRuns
 

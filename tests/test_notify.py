@@ -12,8 +12,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from sorl_monitor.cli.main import app
 from sorl_monitor import Monitor
+from sorl_monitor.cli.main import app
 from sorl_monitor.notify import Notifier, NotifyWarning, OnsetFilter
 
 

@@ -9,9 +9,9 @@ import time
 import pyarrow.compute as pc
 import pytest
 
+from sorl_monitor import Monitor
 from sorl_monitor.dashboard import sql_view
 from sorl_monitor.dashboard.settings import SQL_TIMEOUT_ENV
-from sorl_monitor import Monitor
 from sorl_monitor.postmortem import postmortem
 from sorl_monitor.query import open_runs
 from tests.dashboard.conftest import (

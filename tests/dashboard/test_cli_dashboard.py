@@ -9,7 +9,13 @@ from typer.testing import CliRunner
 
 from sorl_monitor.cli import dashboard as dashboard_cli
 from sorl_monitor.cli.main import app
-from sorl_monitor.dashboard.settings import CONFIG_ENV, LOG_DIR_ENV, OVERRIDES_ENV, REFRESH_ENV, SQL_TIMEOUT_ENV
+from sorl_monitor.dashboard.settings import (
+    CONFIG_ENV,
+    LOG_DIR_ENV,
+    OVERRIDES_ENV,
+    REFRESH_ENV,
+    SQL_TIMEOUT_ENV,
+)
 
 runner = CliRunner()
 

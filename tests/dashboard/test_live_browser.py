@@ -89,7 +89,9 @@ def stop(process: subprocess.Popen) -> None:
 
 def start_dashboard(log_dir: Path, log: Path, *extra: str) -> tuple[subprocess.Popen, int]:
     port = free_port()
-    server = start(["-m", "sorl_monitor.cli.main", "dashboard", str(log_dir), "--port", str(port), *extra], log)
+    server = start(
+        ["-m", "sorl_monitor.cli.main", "dashboard", str(log_dir), "--port", str(port), *extra], log
+    )
     wait_until(lambda: listening(port) or server.poll() is not None, 120, f"the dashboard on port {port}")
     assert server.poll() is None, log.read_text()
     return server, port

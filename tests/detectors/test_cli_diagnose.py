@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from sorl_monitor.cli.main import app
 from sorl_monitor import Monitor
+from sorl_monitor.cli.main import app
 from sorl_monitor.report import FIGURES_PER_RUN
 from sorl_monitor.writer import write_json_atomic
 from tests.detectors.synthetic import KEYS, ONSET, collapse_reward, pattern_rows, stable_rows, write_rows

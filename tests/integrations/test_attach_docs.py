@@ -14,8 +14,8 @@ from datasets import Dataset
 from transformers import Trainer, TrainingArguments
 from typer.testing import CliRunner
 
-from sorl_monitor.cli.main import app
 from sorl_monitor import Monitor
+from sorl_monitor.cli.main import app
 from sorl_monitor.query import open_runs
 from tests.integrations import trainer_hooks
 from tests.integrations.test_verl_logs import record

@@ -16,8 +16,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from sorl_monitor.cli.main import app
 from sorl_monitor import Monitor, MonitorWarning
+from sorl_monitor.cli.main import app
 from sorl_monitor.integrations.verl import SorlTracking, ingest_verl_jsonl, install_tracking_backend
 from sorl_monitor.query import open_runs
 

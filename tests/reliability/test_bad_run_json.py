@@ -9,8 +9,8 @@ import warnings
 import pytest
 from typer.testing import CliRunner
 
-from sorl_monitor.cli.main import app
 from sorl_monitor import Monitor
+from sorl_monitor.cli.main import app
 from sorl_monitor.query import CorruptPartWarning, open_runs
 from tests.conftest import write_run
 

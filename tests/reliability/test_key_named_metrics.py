@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from typer.testing import CliRunner
 
-from sorl_monitor.cli.main import app
 from sorl_monitor import Monitor
+from sorl_monitor.cli.main import app
 from sorl_monitor.query import open_runs
 
 RECORDS = (
