@@ -13,6 +13,39 @@ from typing import Any
 _TRUE, _FALSE = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}
 
 
+def _bool(raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower()
+    if text not in _TRUE | _FALSE:
+        raise ValueError(text)
+    return text in _TRUE
+
+
+def _int(raw: Any) -> int:
+    if isinstance(raw, float) and raw.is_integer():
+        return int(raw)
+    if isinstance(raw, bool) or not isinstance(raw, str | int):
+        raise ValueError(raw)
+    return int(raw)
+
+
+def _float(raw: Any) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, str | int | float):
+        raise ValueError(raw)
+    return float(raw)
+
+
+def _strings(raw: Any) -> tuple[str, ...]:
+    if isinstance(raw, str):
+        return tuple(part.strip() for part in raw.split(",") if part.strip())
+    return tuple(str(part) for part in raw)
+
+
+READERS = {"bool": _bool, "int": _int, "float": _float}
+"""How a value of each annotated type is read (``tuple[...]`` fields: ``_strings``; anything else: ``str``)."""
+
+
 def coerce(owner: str, name: str, kind: str, raw: Any) -> Any:
     """``raw`` as a value of the annotation ``kind`` (``int``, ``float``, ``bool``, ``str``, ``tuple[str, ...]``,
     each optionally ``| None``); ``ValueError`` naming ``owner`` and ``name`` when it cannot be read."""
@@ -22,34 +55,11 @@ def coerce(owner: str, name: str, kind: str, raw: Any) -> Any:
         if optional:
             return None
         raise ValueError(f"{owner} {name} cannot be empty")
+    read = _strings if base.startswith("tuple") else READERS.get(base, str)
     try:
-        if base == "bool":
-            if isinstance(raw, bool):
-                return raw
-            if isinstance(raw, str) and raw.strip().lower() in _TRUE | _FALSE:
-                return raw.strip().lower() in _TRUE
-            raise ValueError
-        if base == "int":
-            if isinstance(raw, bool):
-                raise ValueError
-            if isinstance(raw, float) and raw.is_integer():
-                return int(raw)
-            return int(raw) if isinstance(raw, str | int) else _fail()
-        if base == "float":
-            if isinstance(raw, bool):
-                raise ValueError
-            return float(raw) if isinstance(raw, str | int | float) else _fail()
-        if base.startswith("tuple"):
-            if isinstance(raw, str):
-                return tuple(part.strip() for part in raw.split(",") if part.strip())
-            return tuple(str(part) for part in raw)
-        return str(raw)
+        return read(raw)
     except (TypeError, ValueError):
         raise ValueError(f"{owner} {name}: cannot read {raw!r} as {kind}") from None
-
-
-def _fail() -> Any:
-    raise ValueError
 
 
 def field_kinds(cls: type) -> dict[str, str]:
