@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import json
 import queue
-import sys
 import threading
 import time
 import urllib.request
-import warnings
 from collections.abc import Mapping
 from typing import Any
+
+from sorl_monitor.warn import WarnOnce
 
 ALERT_SEVERITIES = ("warning", "critical")
 """Alert severities that are posted (``info`` alerts are not)."""
@@ -103,7 +103,7 @@ class Notifier:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._closed = False
-        self._warned = False
+        self._warn_once = WarnOnce(NotifyWarning)
 
     def send(self, text: str) -> bool:
         """Queue ``text`` for posting; ``False`` (and counted in ``dropped``) if the queue is full or closed."""
@@ -159,7 +159,11 @@ class Notifier:
                 self.sent += 1
             except Exception as error:  # noqa: BLE001 - a webhook must never stop training
                 self.errors += 1
-                self._warn(error)
+                self._warn_once(
+                    "post",
+                    f"sorl-monitor: webhook post failed ({type(error).__name__}: {error}); "
+                    "later failures are counted",
+                )
 
     def _post(self, text: str) -> None:
         request = urllib.request.Request(
@@ -170,15 +174,3 @@ class Notifier:
         )
         with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
             response.read(1024)
-
-    def _warn(self, error: Exception) -> None:
-        if self._warned:
-            return
-        self._warned = True
-        message = (
-            f"sorl-monitor: webhook post failed ({type(error).__name__}: {error}); later failures are counted"
-        )
-        try:
-            warnings.warn(message, NotifyWarning, stacklevel=2)
-        except Exception:  # noqa: BLE001 - e.g. python -W error: warnings become exceptions
-            print(message, file=sys.stderr)

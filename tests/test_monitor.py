@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from sorl_monitor import Monitor, MonitorWarning
-from sorl_monitor.monitor import module_group
+from sorl_monitor.module_tracker import module_group
 from sorl_monitor.query import open_runs
 from tests.conftest import write_run
 

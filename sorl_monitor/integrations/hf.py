@@ -28,15 +28,16 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import numpy as np
 import pyarrow as pa
 import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from sorl_monitor.integrations.batches import TokenBatch, concat_batches, log_batch
 from sorl_monitor.integrations.names import TAP_MEASURED, map_metrics, names_for
-from sorl_monitor.metrics import module_norms
-from sorl_monitor.monitor import Monitor, module_group, warn
+from sorl_monitor.module_tracker import ModuleNormTracker, pre_clip_norms
+from sorl_monitor.monitor import Monitor
+from sorl_monitor.transfer import to_host
+from sorl_monitor.warn import WarnOnce
 
 Detector = Callable[[pa.Table], "pa.Table | Iterable[Mapping[str, Any]]"]
 """Recent ``steps`` rows → alerts, each with ``step, detector, severity, value, threshold, message``."""
@@ -111,10 +112,9 @@ class SorlCallback(TrainerCallback):
         self.stopped_by: str | None = None
         self._pending: _PendingStep | None = None
         self._alerted_through = -1
-        self._module_names: list[str] = []
-        self._module_params: list[list[torch.nn.Parameter]] = []
+        self._modules = ModuleNormTracker()
         self._clips = True
-        self._warned: set[str] = set()
+        self._warn_once = WarnOnce()
         self.clip_bounds: tuple[float, float] | None = None
         """A tap's trust region ``(ε_low, ε_high)``, given to the monitor at train start."""
         self.update_columns: Callable[[TokenBatch], Mapping[str, Any]] | None = None
@@ -147,12 +147,7 @@ class SorlCallback(TrainerCallback):
         self.monitor.update_run_info(**info)
         self._clips = args.max_grad_norm is not None and args.max_grad_norm > 0
         if model is not None:
-            groups: dict[str, list[torch.nn.Parameter]] = {}
-            for name, param in model.named_parameters():
-                if param.requires_grad:
-                    groups.setdefault(module_group(name), []).append(param)
-            self._module_names = list(groups)
-            self._module_params = list(groups.values())
+            self._modules = ModuleNormTracker.of(model)
 
     @_never_raises
     def on_step_begin(self, args, state: TrainerState, control: TrainerControl, **kwargs) -> None:
@@ -160,9 +155,8 @@ class SorlCallback(TrainerCallback):
 
     @_never_raises
     def on_pre_optimizer_step(self, args, state: TrainerState, control: TrainerControl, **kwargs) -> None:
-        if self._module_params:
-            with torch.no_grad():
-                grads, params = module_norms(self._module_params)
+        if self._modules:
+            grads, params = self._modules.measure()
             pending = self._pending_for(state.global_step + 1)
             pending.module_grads, pending.module_params = grads, params
 
@@ -197,9 +191,8 @@ class SorlCallback(TrainerCallback):
 
     # ------------------------------------------------------------------ rows
     def warn_once(self, key: str, message: str) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            warn(f"sorl-monitor: {message}; training goes on", stacklevel=3)
+        """Warn about ``key`` once per callback (``warn.WarnOnce``; never raised into the trainer)."""
+        self._warn_once(key, f"sorl-monitor: {message}; training goes on", stacklevel=3)
 
     def _pending_for(self, step: int) -> _PendingStep:
         if self._pending is not None and self._pending.step != step:
@@ -237,30 +230,20 @@ class SorlCallback(TrainerCallback):
     def _module_rows(
         self, pending: _PendingStep, columns: dict[str, Any]
     ) -> tuple[dict[str, float], dict[str, float]] | None:
-        """Module grad/param norms of the step, rescaled to the pre-clip ``grad_norm``; None if unknown.
-
-        Clipping scales every gradient by the same factor, so pre-clip module norms are the post-clip
-        ones times ``grad_norm / ‖post-clip grads‖``. Adds ``grad_norm_clipped`` and ``param_norm``.
-        """
+        """Module grad/param norms of the step, rescaled to the logged pre-clip ``grad_norm``
+        (``module_tracker.pre_clip_norms``, which adds ``grad_norm_clipped`` and ``param_norm`` to
+        ``columns``); None if unknown (the trainer clipped but logged no finite ``grad_norm``)."""
         if pending.module_grads is None or pending.module_params is None:
             return None
-        grads = pending.module_grads.double().cpu().numpy()
-        params = pending.module_params.double().cpu().numpy()
-        post_clip = float(np.sqrt(np.square(grads).sum()))
         pre_clip = columns.get("grad_norm")
-        if isinstance(pre_clip, float) and math.isfinite(pre_clip):
-            if post_clip > 0:
-                grads = grads * (pre_clip / post_clip)
-            columns["grad_norm_clipped"] = post_clip
-        elif self._clips:
-            return None
-        else:
-            columns["grad_norm"] = post_clip
-        columns["param_norm"] = float(np.sqrt(np.square(params).sum()))
-        return (
-            dict(zip(self._module_names, grads.tolist(), strict=True)),
-            dict(zip(self._module_names, params.tolist(), strict=True)),
-        )
+        if not (isinstance(pre_clip, float) and math.isfinite(pre_clip)):
+            if self._clips:
+                return None
+            pre_clip = None
+        host = to_host({"grads": pending.module_grads, "params": pending.module_params})
+        grads, norms = pre_clip_norms(host["grads"], host["params"], pre_clip)
+        columns.update(norms)
+        return self._modules.by_name(grads), self._modules.by_name(host["params"])
 
     def _run_detectors(self, control: TrainerControl | None) -> None:
         if self.detect is None or self.monitor is None:

@@ -26,7 +26,8 @@ from typing import Any
 
 from sorl_monitor.integrations.names import names_for
 from sorl_monitor.integrations.verl import config_dict
-from sorl_monitor.monitor import Monitor, warn
+from sorl_monitor.monitor import Monitor
+from sorl_monitor.warn import WarnOnce, warn
 
 Names = str | Mapping[str, str] | None
 
@@ -54,7 +55,7 @@ class TrackerRun:
         self.monitor = monitor or Monitor(log_dir, run_name, config_dict(config), algorithm=algorithm)
         self._step: int | None = None
         self._pending: dict[str, Any] = {}
-        self._warned = False
+        self._warn_once = WarnOnce()
 
     def add(self, step: int | None, metrics: Mapping[str, Any]) -> None:
         """Merge ``metrics`` into the row of ``step`` (a row of an earlier step is written first)."""
@@ -85,12 +86,8 @@ class TrackerRun:
         try:
             call(*args)
         except Exception as error:  # noqa: BLE001 - a logger must never stop training
-            if not self._warned:
-                self._warned = True
-                warn(
-                    f"sorl-monitor: cannot log ({type(error).__name__}: {error}); training goes on",
-                    stacklevel=3,
-                )
+            message = f"sorl-monitor: cannot log ({type(error).__name__}: {error}); training goes on"
+            self._warn_once("log", message, stacklevel=3)
 
 
 # ---------------------------------------------------------------------- OpenRLHF

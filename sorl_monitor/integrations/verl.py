@@ -38,7 +38,8 @@ from sorl_monitor.integrations.batches import TokenBatch, concat_batches, log_ba
 from sorl_monitor.integrations.names import TAP_MEASURED, map_metrics, names_for
 from sorl_monitor.logs.ingest import IngestReport, ingest_lines
 from sorl_monitor.logs.verl import parse_record
-from sorl_monitor.monitor import Monitor, warn
+from sorl_monitor.monitor import Monitor
+from sorl_monitor.warn import WarnOnce, warn
 
 VERL_LOSS_PARAMETERS = (
     "old_log_prob",
@@ -119,7 +120,7 @@ class MonitoredPolicyLoss:
         self.updates = 0
         self._batches: list[TokenBatch] = []
         self._hook: RemovableHandle | None = None
-        self._warned = False
+        self._warn_once = WarnOnce()
 
     def __call__(
         self,
@@ -156,12 +157,8 @@ class MonitoredPolicyLoss:
             self.monitor.close()
 
     def _warn(self, error: Exception) -> None:
-        if not self._warned:
-            self._warned = True
-            warn(
-                f"sorl-monitor verl loss tap failed ({type(error).__name__}: {error}); training goes on",
-                stacklevel=3,
-            )
+        message = f"sorl-monitor verl loss tap failed ({type(error).__name__}: {error}); training goes on"
+        self._warn_once("tap", message, stacklevel=3)
 
     def _loss_fn(self) -> Callable[..., tuple[torch.Tensor, dict[str, Any]]]:
         if isinstance(self.wrapped, str):
