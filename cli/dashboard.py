@@ -28,8 +28,8 @@ from sorl_monitor.dashboard.settings import (
     REFRESH_ENV,
     SQL_TIMEOUT_ENV,
 )
-from sorl_monitor.detectors import load_config
 from sorl_monitor.logs import FORMATS, detect_format
+from sorl_monitor.postmortem import load_configs
 
 APP = Path(dashboard.__file__).resolve().parent / "app.py"
 
@@ -84,11 +84,13 @@ def dashboard_command(
     ] = DEFAULT_SQL_TIMEOUT_S,
     config: Annotated[
         Path | None,
-        typer.Option("--config", help="TOML file of detector settings (as for sorl postmortem)."),
+        typer.Option(
+            "--config", help="TOML file of detector and post-mortem settings (as for sorl postmortem)."
+        ),
     ] = None,
     set_: Annotated[
         list[str] | None,
-        typer.Option("--set", help="Override one detector setting: name=value (repeatable)."),
+        typer.Option("--set", help="Override one detector or post-mortem setting: name=value (repeatable)."),
     ] = None,
     fmt: LogFormatOption = None,
 ) -> None:
@@ -102,7 +104,7 @@ def dashboard_command(
             f"not a folder: {log_dir} (give the log_dir your Monitor writes to), nor a log in a format "
             f"I know ({', '.join(FORMATS)}); give --format to force one"
         )
-    load_config(config, set_ or ())
+    load_configs(config, set_ or ())
     try:
         socket.getaddrinfo(host, port)
     except socket.gaierror:

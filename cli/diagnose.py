@@ -24,10 +24,10 @@ from sorl_monitor.cli.common import (
     require,
     user_errors,
 )
-from sorl_monitor.detectors import DetectorConfig, load_config
+from sorl_monitor.detectors import DetectorConfig
 from sorl_monitor.live import LiveRuns
 from sorl_monitor.notify import Notifier, alert_text, collapse_text
-from sorl_monitor.postmortem import Verdict
+from sorl_monitor.postmortem import PostmortemConfig, Verdict, load_configs
 from sorl_monitor.postmortem import postmortem as run_postmortem
 from sorl_monitor.query import RunSet
 
@@ -42,16 +42,19 @@ ConfigOption = Annotated[
     Path | None,
     typer.Option(
         "--config",
-        help="TOML file of detector settings (top level or a \\[detectors] table).",
+        help="TOML file of detector and post-mortem settings (top level or a \\[detectors] table).",
     ),
 ]
 SetOption = Annotated[
-    list[str] | None, typer.Option("--set", help="Override one detector setting: name=value (repeatable).")
+    list[str] | None,
+    typer.Option("--set", help="Override one detector or post-mortem setting: name=value (repeatable)."),
 ]
 
 
-def _config(config_file: Path | None, overrides: list[str] | None) -> DetectorConfig:
-    return load_config(config_file, overrides or ())
+def _configs(
+    config_file: Path | None, overrides: list[str] | None
+) -> tuple[DetectorConfig, PostmortemConfig]:
+    return load_configs(config_file, overrides or ())
 
 
 def _run_ids(run_set: RunSet) -> list[str]:
@@ -140,9 +143,9 @@ def postmortem(
 
     Exit status: 0 healthy, 3 collapse found, 2 user error.
     """
-    config = _config(config_file, set_)
+    configs = _configs(config_file, set_)
     with open_or_fail(run, fmt) as run_set:
-        verdict = run_postmortem(run_set, pick_run(run_set, run, run_id), config)
+        verdict = run_postmortem(run_set, pick_run(run_set, run, run_id), *configs)
     if json_:
         typer.echo(json.dumps(verdict.to_dict()))
     else:
@@ -162,12 +165,12 @@ def report(
     require("plotly", "dashboard")
     from sorl_monitor.report import build_report
 
-    config = _config(config_file, set_)
+    configs = _configs(config_file, set_)
     if html_path.is_dir():
         fail(f"--html must name a file, not the folder {html_path}")
     with open_or_fail(runs, fmt) as run_set:
         run_ids = _run_ids(run_set)
-        page, count = build_report(run_set, run_ids, config)
+        page, count = build_report(run_set, run_ids, *configs)
     try:
         html_path.parent.mkdir(parents=True, exist_ok=True)
         html_path.write_text(page, encoding="utf-8")
@@ -198,7 +201,7 @@ def compare(
     fmt: LogFormatOption = None,
 ) -> None:
     """Side-by-side key metrics and verdicts of two runs."""
-    config = _config(config_file, set_)
+    configs = _configs(config_file, set_)
     columns: dict[str, dict[str, Any]] = {}
     for path in (run_a, run_b):
         with open_or_fail(path, fmt) as run_set:
@@ -208,7 +211,7 @@ def compare(
             metrics = run_set.sql(COMPARE_SQL, {"run_id": run_id}).to_pylist()
             if not metrics:
                 fail(f"run {run_id!r} has no steps logged yet")
-            verdict = run_postmortem(run_set, run_id, config)
+            verdict = run_postmortem(run_set, run_id, *configs)
         columns[run_id] = {
             **{k: v for k, v in metrics[0].items() if k != "run_id"},
             "algorithm": verdict.algorithm,
@@ -254,10 +257,10 @@ def watch(
 
     Stops on Ctrl-C, after --max-seconds, or when the run is marked finished, failed, interrupted or terminated.
     """
-    config = _config(config_file, set_)
+    configs = _configs(config_file, set_)
     notifier = Notifier(notify) if notify else None
     try:
-        _watch(run, run_id, interval, max_seconds, config, fmt, notifier)
+        _watch(run, run_id, interval, max_seconds, configs, fmt, notifier)
     finally:
         if notifier is not None:
             notifier.close()
@@ -268,14 +271,14 @@ def _watch(
     run_id: str | None,
     interval: float,
     max_seconds: float | None,
-    config: DetectorConfig,
+    configs: tuple[DetectorConfig, PostmortemConfig],
     fmt: LogFormatOption,
     notifier: Notifier | None,
 ) -> None:
     started = time.monotonic()
     with open_or_fail(run, fmt) as run_set:
         run_id = pick_run(run_set, run, run_id)
-        live = LiveRuns(run_set, detector_config=config, min_refresh_s=0)
+        live = LiveRuns(run_set, detector_config=configs[0], postmortem_config=configs[1], min_refresh_s=0)
         printed: set[tuple[int, str, str]] = set()
         collapse_shown = False
         try:

@@ -15,8 +15,8 @@ import streamlit as st
 
 from sorl_monitor.dashboard.live_chart import live_chart
 from sorl_monitor.dashboard.settings import Settings
-from sorl_monitor.detectors import load_config
 from sorl_monitor.live import LiveRuns
+from sorl_monitor.postmortem import load_configs
 from sorl_monitor.query import QueryError
 
 logger = logging.getLogger("sorl_monitor.dashboard")
@@ -31,7 +31,8 @@ def live_runs(
 ) -> LiveRuns:
     """One ``LiveRuns`` per log dir and detector settings, shared by every viewer (each part is read once);
     closed when the cache drops it or the server exits. ``ValueError`` for bad detector settings."""
-    return LiveRuns(log_dir, detector_config=load_config(detector_config, detector_overrides), fmt=log_format)
+    detectors, postmortem_config = load_configs(detector_config, detector_overrides)
+    return LiveRuns(log_dir, detector_config=detectors, postmortem_config=postmortem_config, fmt=log_format)
 
 
 atexit.register(live_runs.clear)

@@ -3,8 +3,8 @@
 Public API (imported on first use, so reading runs never imports torch):
 - ``Monitor``: attach to a trainer, stream per-update and per-turn metrics to Parquet;
 - ``open_runs``: DuckDB views ``runs, steps, turns, modules, alerts`` over written runs;
-- ``detect``, ``DetectorConfig``, ``CtnGuard``, ``postmortem``: collapse precursors, the live CTN
-  guard, and the root-cause post-mortem;
+- ``detect``, ``DetectorConfig``, ``CtnGuard``, ``postmortem``, ``PostmortemConfig``: collapse precursors,
+  the live CTN guard, and the root-cause post-mortem;
 - ``sorl_monitor.metrics``: the metric definitions, pure torch functions.
 """
 
@@ -24,6 +24,7 @@ _EXPORTS = {
     "DetectorConfig": "sorl_monitor.detectors",
     "CtnGuard": "sorl_monitor.guard",
     "postmortem": "sorl_monitor.postmortem",
+    "PostmortemConfig": "sorl_monitor.postmortem",
     "Verdict": "sorl_monitor.postmortem",
 }
 __all__ = [*_EXPORTS, "__version__"]

@@ -23,8 +23,9 @@ forward: an alert at step ``s`` depends only on rows ``≤ s``.
     # run_id, step, detector, severity, value, threshold, message  (one row per firing)
 
 Thresholds live in ``DetectorConfig`` (``load_config`` reads a TOML file, ``--set name=value``
-overrides). The critical thresholds of the fold detectors are the ones ``benchmarks/detector_eval.py``
-fits on the bundled trainer's corpus (scored leave-one-setting-out); see docs/detectors.md.
+overrides; the post-mortem's own settings are ``postmortem.PostmortemConfig``). The critical thresholds of
+the fold detectors are the ones ``benchmarks/detector_eval.py`` fits on the bundled trainer's corpus (scored
+leave-one-setting-out); see docs/detectors.md.
 """
 
 from __future__ import annotations
@@ -32,9 +33,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-import tomllib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,8 @@ import duckdb
 import pyarrow as pa
 
 from sorl_monitor.query import RunSet
-from sorl_monitor.settings import coerce, field_kinds, parse_assignments
+from sorl_monitor.settings import check_settings, parse_assignments, read_toml, replace_settings
+from sorl_monitor.warn import warn
 
 ALERT_COLUMNS = pa.schema(
     [
@@ -60,7 +61,7 @@ ALERT_COLUMNS = pa.schema(
 
 @dataclass(frozen=True)
 class DetectorConfig:
-    """Windows, floors and thresholds of the detectors, and the collapse label's settings.
+    """Windows, floors and thresholds of the detectors (the post-mortem's own: ``postmortem.PostmortemConfig``).
 
     ``<detector>_warning`` raises a warning, ``<detector>_critical`` a critical alert; ``inf`` (TOML:
     ``inf``) silences that level. Windows count optimizer steps (the ``step`` column), not rows.
@@ -142,51 +143,17 @@ class DetectorConfig:
     nonfinite_warning: float = 0.0
     nonfinite_critical: float = 0.0
 
-    # ---- collapse label (evaluation, not an alert) and post-mortem
-    collapse_ma_steps: int = 32
-    """Reward moving average of the collapse label, in steps."""
-    collapse_fraction: float = 0.5
-    """Collapse: the reward moving average falls below this share of its running peak…"""
-    collapse_recovery_steps: int = 64
-    """…and is not back above it within this many steps (or the loss turns non-finite)…"""
-    collapse_min_tail_steps: int = 16
-    """…or the log ends below it at least this many steps after the drop ("the log ends collapsed")."""
-    collapse_min_peak: float = 0.0
-    """The running peak must exceed this for a drop to count (rewards near zero are noise)."""
-    root_cause_steps: int = 128
-    """The post-mortem's evidence window: this many steps up to the collapse (or the run's end)."""
-    turn_ratio_eps: float = 0.2
-    """ε of the post-mortem's turn-tail evidence: share of turns with |w̄_k − 1| > ε."""
-    mismatch_clip_ratio: float = 2.0
-    """Granularity mismatch: token clip fraction at least this many times the turn clip fraction…"""
-    mismatch_min_clip: float = 0.1
-    """…and at least this high (a tenth of the tokens outside the trust region)…"""
-    mismatch_tail_ratio: float = 2.0
-    """…or token-ratio tail (log p99) at least this many times as wide as the turn-ratio tail."""
-    off_policy_min_slope: float = 0.02
-    """Off-policy variance: clip fraction grows by at least this per update of policy lag in the window…"""
-    off_policy_growth: float = 2.0
-    """…and at least this many times as fast as over the run's first root_cause_steps steps."""
-    off_policy_min_lag: int = 8
-    """Or stale / reused rollouts (the behaviour policy at least this many updates old in the window)…"""
-    off_policy_clip_growth: float = 1.5
-    """…whose token clip fraction grew to this many times its level over the run's first root_cause_steps steps."""
-    degenerate_length_rise: float = 1.25
-    """Entropy blow-up with degenerate generations: completions grew to this many times their early length…"""
-    degenerate_truncation: float = 0.5
-    """…or at least this share of them hits the length limit."""
-    turn_level_algorithms: tuple[str, ...] = ("turn_ppo", "st_ppo", "so_ppo", "so_grpo")
-    """Algorithms that already use turn-level IS: granularity mismatch is not blamed on them."""
-
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.type == "int" and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-                raise ValueError(f"detector setting {f.name} must be a positive integer, not {value!r}")
-            if f.type == "float" and (isinstance(value, bool) or not isinstance(value, int | float)):
-                raise ValueError(f"detector setting {f.name} must be a number, not {value!r}")
-            if f.type == "float" and math.isnan(value):
-                raise ValueError(f"detector setting {f.name} must not be NaN")
+        check_settings(self, "detector setting")
+
+    def __getattr__(self, name: str) -> Any:
+        """Old code reading a post-mortem setting here gets its default (it moved to ``PostmortemConfig``)."""
+        from sorl_monitor.postmortem import PostmortemConfig  # the post-mortem imports this module
+
+        if name not in PostmortemConfig.__dataclass_fields__:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        warn(f"DetectorConfig.{name} moved to postmortem.PostmortemConfig", 2, DeprecationWarning)
+        return getattr(PostmortemConfig(), name)
 
     @property
     def lookback_steps(self) -> int:
@@ -201,38 +168,39 @@ class DetectorConfig:
 
 
 # --------------------------------------------------------------------------------------- loading
+OLD_NAMES = {
+    f"{name.removesuffix('_critical')}_severe": name
+    for name in DetectorConfig.__dataclass_fields__
+    if name.endswith("_critical")
+}
+"""``<detector>_severe``, the critical thresholds' old names, read as ``<detector>_critical`` with a note. Not
+``clip_frac_severe``: an absolute clip fraction, where ``clip_rise_critical`` is a multiple of the quiet level."""
+
+
+def current_names(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` with each old name (``OLD_NAMES``) replaced by its new one, and a deprecation note for it."""
+    renamed = {OLD_NAMES.get(name, name): value for name, value in values.items()}
+    for old in sorted(set(values) & set(OLD_NAMES)):
+        if OLD_NAMES[old] in values:
+            raise ValueError(
+                f"detector setting {OLD_NAMES[old]} is given twice: also as {old} (its old name)"
+            )
+        warn(f"detector setting {old} is deprecated: read as {OLD_NAMES[old]}", 3, FutureWarning)
+    return renamed
+
+
 def config_from_mapping(values: Mapping[str, Any], base: DetectorConfig | None = None) -> DetectorConfig:
-    """``base`` (default: the defaults) with ``values`` applied (TOML values or ``--set`` text); ``ValueError``
-    names an unknown key."""
-    base = base or DetectorConfig()
-    kinds = field_kinds(DetectorConfig)
-    unknown = sorted(set(values) - set(kinds))
-    if unknown:
-        raise ValueError(
-            f"unknown detector setting {unknown[0]!r}; known settings: {', '.join(sorted(kinds))}"
-        )
-    return base.replace(
-        **{name: coerce("detector setting", name, kinds[name], raw) for name, raw in values.items()}
-    )
+    """``base`` (default: the defaults) with ``values`` applied (TOML values or ``--set`` text; old names
+    allowed, ``current_names``); ``ValueError`` names an unknown key."""
+    return replace_settings(base or DetectorConfig(), current_names(values), "detector setting")
 
 
 def load_config(toml_path: str | Path | None = None, overrides: Iterable[str] = ()) -> DetectorConfig:
-    """Defaults, then the TOML file's settings (top level or a ``[detectors]`` table), then ``name=value``s."""
+    """Defaults, then the TOML file's settings (top level or a ``[detectors]`` table), then ``name=value``s
+    (the post-mortem's settings too: ``postmortem.load_configs``)."""
     config = DetectorConfig()
     if toml_path is not None:
-        path = Path(toml_path)
-        try:
-            document = tomllib.loads(path.read_text())
-        except FileNotFoundError:
-            raise ValueError(f"no such config file: {path}") from None
-        except IsADirectoryError:
-            raise ValueError(f"config file is a directory: {path}") from None
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
-            raise ValueError(f"bad TOML in {path}: {error}") from None
-        settings = document.get("detectors", document)
-        if not isinstance(settings, dict):
-            raise ValueError(f"{path}: [detectors] must be a table of settings")
-        config = config_from_mapping(settings, config)
+        config = config_from_mapping(read_toml(toml_path, "detectors"), config)
     return config_from_mapping(parse_assignments(overrides), config)
 
 
@@ -561,8 +529,12 @@ def detect_params(
     """The named parameters ``sql`` uses, from ``config`` (plus run filter and step range)."""
     values = config.to_dict()
     values["history_blocks"] = max(1, config.history_steps // config.smooth_steps)
-    values["collapse_ma_blocks"] = max(1, config.collapse_ma_steps // config.smooth_steps)
     values.update(_window_params(config, run_id, after_step))
+    return bind(sql, values)
+
+
+def bind(sql: str, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The named parameters (``$name``) ``sql`` uses, taken from ``values``."""
     return {name: values[name] for name in sorted(set(_PARAMETER.findall(sql)))}
 
 

@@ -35,9 +35,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sorl_monitor.detectors import ALERT_COLUMNS, ArrowDetector, DetectorConfig, detect_params, with_columns
+from sorl_monitor.detectors import ALERT_COLUMNS, ArrowDetector, DetectorConfig, with_columns
 from sorl_monitor.figures.series import column_values
-from sorl_monitor.postmortem import COLLAPSE_SQL, Verdict, postmortem
+from sorl_monitor.postmortem import COLLAPSE_SQL, PostmortemConfig, Verdict, collapse_params, postmortem
 from sorl_monitor.query import (
     READ_PARTS_SQL,
     STALE_AFTER_S,
@@ -160,6 +160,7 @@ class LiveRuns:
         fmt: force that log's format (``logs.FORMATS``); detected when ``None``.
         min_refresh_s: ``refresh`` calls closer together than this do nothing (many viewers, one read).
         detector_config: thresholds for the alert onsets, the collapse label and the verdict.
+        postmortem_config: the collapse label's and the verdict's own settings.
         verdict_every_s: while a run is written its post-mortem is recomputed at most this often.
     """
 
@@ -170,6 +171,7 @@ class LiveRuns:
         fmt: str | None = None,
         min_refresh_s: float = 0.25,
         detector_config: DetectorConfig | None = None,
+        postmortem_config: PostmortemConfig | None = None,
         verdict_every_s: float = 30.0,
     ) -> None:
         self.run_set: RunSet | None = source if isinstance(source, RunSet) else None
@@ -178,6 +180,7 @@ class LiveRuns:
         self.fmt = fmt
         self.min_refresh_s = min_refresh_s
         self.detector_config = detector_config or DetectorConfig()
+        self.postmortem_config = postmortem_config or PostmortemConfig()
         self.verdict_every_s = verdict_every_s
         self.problem: str | None = None
         """Why there is nothing to show (missing folder, no runs yet), or ``None``."""
@@ -399,7 +402,7 @@ class LiveRuns:
             return None
         self._con.register("steps", with_columns(rows, ["reward_mean", "loss", "pg_loss"], run_id))
         try:
-            params = detect_params(COLLAPSE_SQL, self.detector_config, run_id)
+            params = collapse_params(self.detector_config, self.postmortem_config, run_id)
             result = self._con.sql(COLLAPSE_SQL, params=params).to_arrow_table().to_pylist()
         finally:
             self._con.unregister("steps")
@@ -433,13 +436,13 @@ class LiveRuns:
         return RunCurves(run_id, self.steps(run_id), self.timeline(run_id))
 
     def clip_eps(self, run_id: str) -> float:
-        """The run's PPO clip ε (``clip_eps`` in its config), else the detectors' turn-ratio ε."""
+        """The run's PPO clip ε (``clip_eps`` in its config), else the post-mortem's turn-ratio ε."""
         with self._lock:
             infos = self._infos
         rows = [] if infos is None else infos.filter(pc.equal(infos.column("run_id"), run_id)).to_pylist()
         config = json.loads(rows[0]["config"] or "{}") if rows else {}
         value = config.get("clip_eps") if isinstance(config, dict) else None
-        return float(value) if isinstance(value, int | float) else self.detector_config.turn_ratio_eps
+        return float(value) if isinstance(value, int | float) else self.postmortem_config.turn_ratio_eps
 
     # ------------------------------------------------------------------ verdict
     def verdict(self, run_id: str, wait_s: float | None = None) -> Verdict | None:
@@ -486,7 +489,7 @@ class LiveRuns:
 
     def _postmortem(self, run_id: str, version: int) -> tuple[int, Verdict]:
         assert self.run_set is not None
-        return version, postmortem(self.run_set, run_id, self.detector_config)
+        return version, postmortem(self.run_set, run_id, self.detector_config, self.postmortem_config)
 
     # ------------------------------------------------------------------ plumbing
     def _run(self, run_id: str) -> _Run:

@@ -26,19 +26,112 @@ collapse, and evidence over the ``root_cause_steps`` steps before it (``steps`` 
   ``off_policy_clip_growth`` × its level over the run's first ``root_cause_steps`` steps;
 * ``optimisation_blowup`` — grad-norm spikes, non-finite values, or ratio / KL alerts with none of the above;
 * ``unexplained`` — a collapse no detector saw; the verdict names the inputs the run lacked.
+
+The names above are fields of ``PostmortemConfig``; the detectors' are ``DetectorConfig``'s. ``load_configs``
+reads both from one TOML file and ``--set name=value`` overrides, as the CLI and the dashboard do.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
-from sorl_monitor.detectors import DETECTORS, SIGNALS, DetectorConfig, detect_params, detect_sql
+from sorl_monitor.detectors import (
+    DETECTORS,
+    OLD_NAMES,
+    SIGNALS,
+    DetectorConfig,
+    bind,
+    config_from_mapping,
+    detect_params,
+    detect_sql,
+)
 from sorl_monitor.query import QueryError, RunSet
+from sorl_monitor.settings import check_settings, parse_assignments, read_toml, replace_settings
+
+
+@dataclass(frozen=True)
+class PostmortemConfig:
+    """The collapse label's and the root cause's settings (the detectors' own: ``DetectorConfig``).
+
+    Windows count optimizer steps; thresholds are described with the rules that use them (module docstring).
+    """
+
+    # ---- collapse label (evaluation, not an alert)
+    collapse_ma_steps: int = 32
+    """Reward moving average of the collapse label, in steps."""
+    collapse_fraction: float = 0.5
+    """Collapse: the reward moving average falls below this share of its running peak…"""
+    collapse_recovery_steps: int = 64
+    """…and is not back above it within this many steps (or the loss turns non-finite)…"""
+    collapse_min_tail_steps: int = 16
+    """…or the log ends below it at least this many steps after the drop ("the log ends collapsed")."""
+    collapse_min_peak: float = 0.0
+    """The running peak must exceed this for a drop to count (rewards near zero are noise)."""
+
+    # ---- root cause
+    root_cause_steps: int = 128
+    """The post-mortem's evidence window: this many steps up to the collapse (or the run's end)."""
+    turn_ratio_eps: float = 0.2
+    """ε of the post-mortem's turn-tail evidence: share of turns with |w̄_k − 1| > ε."""
+    mismatch_clip_ratio: float = 2.0
+    """Granularity mismatch: token clip fraction at least this many times the turn clip fraction…"""
+    mismatch_min_clip: float = 0.1
+    """…and at least this high (a tenth of the tokens outside the trust region)…"""
+    mismatch_tail_ratio: float = 2.0
+    """…or token-ratio tail (log p99) at least this many times as wide as the turn-ratio tail."""
+    off_policy_min_slope: float = 0.02
+    """Off-policy variance: clip fraction grows by at least this per update of policy lag in the window…"""
+    off_policy_growth: float = 2.0
+    """…and at least this many times as fast as over the run's first root_cause_steps steps."""
+    off_policy_min_lag: int = 8
+    """Or stale / reused rollouts (the behaviour policy at least this many updates old in the window)…"""
+    off_policy_clip_growth: float = 1.5
+    """…whose token clip fraction grew to this many times its level over the run's first root_cause_steps steps."""
+    degenerate_length_rise: float = 1.25
+    """Entropy blow-up with degenerate generations: completions grew to this many times their early length…"""
+    degenerate_truncation: float = 0.5
+    """…or at least this share of them hits the length limit."""
+    turn_level_algorithms: tuple[str, ...] = ("turn_ppo", "st_ppo", "so_ppo", "so_grpo")
+    """Algorithms that already use turn-level IS: granularity mismatch is not blamed on them."""
+
+    def __post_init__(self) -> None:
+        check_settings(self, "post-mortem setting")
+
+    def replace(self, **changes: Any) -> PostmortemConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def load_configs(
+    toml_path: str | Path | None = None, overrides: Iterable[str] = ()
+) -> tuple[DetectorConfig, PostmortemConfig]:
+    """The detectors' and the post-mortem's settings: defaults, then the TOML file (top level or a
+    ``[detectors]`` table), then ``name=value``s; each name goes to the dataclass that has it."""
+    detectors, settings = DetectorConfig(), PostmortemConfig()
+    own = PostmortemConfig.__dataclass_fields__
+    known = sorted({*DetectorConfig.__dataclass_fields__, *own})
+    for values in (
+        read_toml(toml_path, "detectors") if toml_path is not None else {},
+        parse_assignments(overrides),
+    ):
+        unknown = sorted(set(values) - set(known) - set(OLD_NAMES))
+        if unknown:
+            raise ValueError(f"unknown detector setting {unknown[0]!r}; known settings: {', '.join(known)}")
+        detectors = config_from_mapping({k: v for k, v in values.items() if k not in own}, detectors)
+        settings = replace_settings(
+            settings, {k: v for k, v in values.items() if k in own}, "post-mortem setting"
+        )
+    return detectors, settings
+
 
 COLLAPSE_SQL = """
 WITH blocks AS (
@@ -253,10 +346,28 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-def label_collapse(runs: RunSet, config: DetectorConfig | None = None, run_id: str | None = None) -> pa.Table:
+def collapse_params(
+    config: DetectorConfig, postmortem_config: PostmortemConfig, run_id: str | None = None
+) -> dict[str, Any]:
+    """``COLLAPSE_SQL``'s parameters: the detectors' blocks (``smooth_steps``), the label's settings."""
+    values = {
+        **postmortem_config.to_dict(),
+        "smooth_steps": config.smooth_steps,
+        "collapse_ma_blocks": max(1, postmortem_config.collapse_ma_steps // config.smooth_steps),
+        "run_id": run_id,
+    }
+    return bind(COLLAPSE_SQL, values)
+
+
+def label_collapse(
+    runs: RunSet,
+    config: DetectorConfig | None = None,
+    run_id: str | None = None,
+    postmortem_config: PostmortemConfig | None = None,
+) -> pa.Table:
     """The collapse label of every run (or of ``run_id``): see ``COLLAPSE_SQL``."""
-    config = config or DetectorConfig()
-    return runs.sql(COLLAPSE_SQL, detect_params(COLLAPSE_SQL, config, run_id))
+    params = collapse_params(config or DetectorConfig(), postmortem_config or PostmortemConfig(), run_id)
+    return runs.sql(COLLAPSE_SQL, params)
 
 
 def summarise_alerts(runs: RunSet, run_id: str, config: DetectorConfig | None = None) -> list[dict[str, Any]]:
@@ -288,7 +399,7 @@ def _ratio(numerator: float | None, denominator: float | None) -> float | None:
 
 
 def gather_evidence(
-    runs: RunSet, run_id: str, start: int, end: int, config: DetectorConfig
+    runs: RunSet, run_id: str, start: int, end: int, config: PostmortemConfig
 ) -> dict[str, Any]:
     """Evidence numbers over ``[start, end]``: token vs turn tails, growth with policy lag, CTN share."""
     params = {"run_id": run_id, "start": start, "end": end}
@@ -334,7 +445,7 @@ def attribute(
     evidence: dict[str, Any],
     end: int,
     turn_level: bool,
-    config: DetectorConfig,
+    config: PostmortemConfig,
 ) -> str:
     """The root cause of a collapse at ``end`` (a key of ``CAUSES``) from the alerts and the evidence."""
     first = _first_of_family(summary, end)
@@ -406,7 +517,7 @@ def run_inputs(runs: RunSet, run_id: str) -> tuple[dict[str, list[str]], list[st
 
 
 def _notes(
-    summary: list[dict[str, Any]], evidence: dict[str, Any], ends_below: bool, config: DetectorConfig
+    summary: list[dict[str, Any]], evidence: dict[str, Any], ends_below: bool, config: PostmortemConfig
 ) -> list[str]:
     """What a healthy run showed: its critical alerts, and a deep dip it came back from or its log ends in."""
     notes = [
@@ -428,7 +539,7 @@ def _notes(
     return notes
 
 
-def _degeneration(evidence: dict[str, Any], config: DetectorConfig) -> str:
+def _degeneration(evidence: dict[str, Any], config: PostmortemConfig) -> str:
     """Whether the generations degenerated as the entropy blew up, from the length evidence."""
     growth, truncated = evidence.get("length_growth"), evidence.get("truncated_share_max")
     if growth is None and truncated is None:
@@ -445,18 +556,25 @@ def _degeneration(evidence: dict[str, Any], config: DetectorConfig) -> str:
     )
 
 
-def postmortem(runs: RunSet, run_id: str, config: DetectorConfig | None = None) -> Verdict:
-    """Label, time, and (for a collapse) explain one run (see module docstring)."""
+def postmortem(
+    runs: RunSet,
+    run_id: str,
+    config: DetectorConfig | None = None,
+    postmortem_config: PostmortemConfig | None = None,
+) -> Verdict:
+    """Label, time, and (for a collapse) explain one run (see module docstring) with the detectors' ``config``
+    and the post-mortem's own settings."""
     config = config or DetectorConfig()
+    settings = postmortem_config or PostmortemConfig()
     algorithm = _run_info(runs, run_id)["algorithm"]
-    label = label_collapse(runs, config, run_id).to_pylist()
+    label = label_collapse(runs, config, run_id, settings).to_pylist()
     if not label:
         raise QueryError(f"run {run_id!r} has no steps logged yet")
     label_row = label[0]
     summary = summarise_alerts(runs, run_id, config)
     collapse_step = label_row["collapse_step"]
     end = collapse_step if collapse_step is not None else label_row["last_step"]
-    evidence = gather_evidence(runs, run_id, max(0, end - config.root_cause_steps), end, config)
+    evidence = gather_evidence(runs, run_id, max(0, end - settings.root_cause_steps), end, settings)
     for key in ("reward_peak", "reward_at_collapse", "deepest_dip", "deepest_dip_step"):
         evidence[key] = label_row[key]
     evidence["ctn_switches"] = runs.sql(
@@ -466,12 +584,12 @@ def postmortem(runs: RunSet, run_id: str, config: DetectorConfig | None = None) 
     first_critical = _first(summary, None, critical=True)
     if collapse_step is None:
         cause = explanation = remedy = None
-        notes = _notes(summary, evidence, label_row["ends_below"], config)
+        notes = _notes(summary, evidence, label_row["ends_below"], settings)
     else:
         turn_level = (
-            algorithm is not None and algorithm.lower().replace("-", "_") in config.turn_level_algorithms
+            algorithm is not None and algorithm.lower().replace("-", "_") in settings.turn_level_algorithms
         )
-        cause = attribute(summary, evidence, collapse_step, turn_level, config)
+        cause = attribute(summary, evidence, collapse_step, turn_level, settings)
         explanation, remedy = CAUSES[cause]
         notes = []
         if label_row["ends_collapsed"]:
@@ -479,7 +597,7 @@ def postmortem(runs: RunSet, run_id: str, config: DetectorConfig | None = None) 
                 f"the log ends collapsed, {label_row['last_step'] - collapse_step} steps after the drop"
             )
         if cause == "entropy_blowup":
-            notes.append(_degeneration(evidence, config))
+            notes.append(_degeneration(evidence, settings))
         if cause == "unexplained" and not_evaluated:
             notes.append(f"this run logs no input for {', '.join(not_evaluated)}")
     alarm = _first(summary, collapse_step, critical=True) if collapse_step is not None else None

@@ -20,7 +20,7 @@ from sorl_monitor.figures.modules import module_norms_figure
 from sorl_monitor.figures.overview import OverviewOptions, overview_figure
 from sorl_monitor.figures.turns import turn_heatmap_figure
 from sorl_monitor.live import LiveRuns
-from sorl_monitor.postmortem import Verdict, postmortem
+from sorl_monitor.postmortem import PostmortemConfig, Verdict, postmortem
 from sorl_monitor.query import RunSet
 
 FIGURES_PER_RUN = 3
@@ -100,11 +100,15 @@ def _figure_html(figure: go.Figure, first: bool) -> str:
 
 
 def build_report(
-    runs: RunSet, run_ids: Sequence[str], config: DetectorConfig | None = None
+    runs: RunSet,
+    run_ids: Sequence[str],
+    config: DetectorConfig | None = None,
+    postmortem_config: PostmortemConfig | None = None,
 ) -> tuple[str, int]:
     """The HTML page for ``run_ids`` and the number of figures on it."""
     config = config or DetectorConfig()
-    live = LiveRuns(runs, detector_config=config, min_refresh_s=0)
+    postmortem_config = postmortem_config or PostmortemConfig()
+    live = LiveRuns(runs, detector_config=config, postmortem_config=postmortem_config, min_refresh_s=0)
     body: list[str] = []
     count = 0
 
@@ -120,7 +124,7 @@ def build_report(
             add("overview", overview_figure([live.curves(run_id) for run_id in run_ids], OPTIONS), "h2")
             body.append("</section>")
         for run_id in run_ids:
-            verdict = postmortem(runs, run_id, config)
+            verdict = postmortem(runs, run_id, config, postmortem_config)
             body.append(f"<section><h2>run {html.escape(run_id)}</h2>{verdict_html(verdict)}")
             add("curves and alert onsets", overview_figure([live.curves(run_id)], OPTIONS))
             add("turn ratio w̄_k by turn and step", turn_heatmap_figure({run_id: live.turn_cells(run_id)}))
@@ -133,10 +137,14 @@ def build_report(
 
 
 def write_report(
-    runs: RunSet, run_ids: Sequence[str], path: str | Path, config: DetectorConfig | None = None
+    runs: RunSet,
+    run_ids: Sequence[str],
+    path: str | Path,
+    config: DetectorConfig | None = None,
+    postmortem_config: PostmortemConfig | None = None,
 ) -> int:
     """Write the report to ``path``; returns the number of figures."""
-    page, count = build_report(runs, run_ids, config)
+    page, count = build_report(runs, run_ids, config, postmortem_config)
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(page, encoding="utf-8")

@@ -1,14 +1,19 @@
 """Settings from TOML files and ``--set name=value``: one way to read a dataclass field's value.
 
-``DetectorConfig`` and ``TrainConfig`` both take their values through ``coerce``: a TOML value as it is
-(checked), or the text after ``--set name=`` converted to the field's annotated type.
+``DetectorConfig``, ``PostmortemConfig`` and ``TrainConfig`` take their values through ``coerce``: a TOML
+value as it is (checked), or the text after ``--set name=`` converted to the field's annotated type.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
-from typing import Any
+import math
+import tomllib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 _TRUE, _FALSE = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}
 
@@ -76,3 +81,45 @@ def parse_assignments(assignments: Iterable[str]) -> dict[str, str]:
             raise ValueError(f"--set takes name=value, not {item!r}")
         parsed[name.strip()] = value.strip()
     return parsed
+
+
+def replace_settings(base: T, values: Mapping[str, Any], owner: str) -> T:
+    """``base`` (a settings dataclass) with ``values`` read by ``coerce``; ``ValueError`` names an unknown key
+    (``owner``: ``"detector setting"``, …, for the messages)."""
+    kinds = field_kinds(type(base))
+    unknown = sorted(set(values) - set(kinds))
+    if unknown:
+        raise ValueError(f"unknown {owner} {unknown[0]!r}; known settings: {', '.join(sorted(kinds))}")
+    return dataclasses.replace(
+        base, **{name: coerce(owner, name, kinds[name], raw) for name, raw in values.items()}
+    )  # type: ignore[type-var]
+
+
+def check_settings(settings: Any, owner: str) -> None:
+    """A settings dataclass's ``int`` fields hold positive integers, its ``float`` fields numbers (not NaN)."""
+    for f in dataclasses.fields(settings):
+        value = getattr(settings, f.name)
+        if f.type == "int" and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ValueError(f"{owner} {f.name} must be a positive integer, not {value!r}")
+        if f.type == "float" and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise ValueError(f"{owner} {f.name} must be a number, not {value!r}")
+        if f.type == "float" and math.isnan(value):
+            raise ValueError(f"{owner} {f.name} must not be NaN")
+
+
+def read_toml(path: str | Path, table: str) -> dict[str, Any]:
+    """The settings of a TOML file: its ``[table]`` table if it has one, else its top level; ``ValueError``
+    for a missing or unreadable file."""
+    path = Path(path)
+    try:
+        document = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"no such config file: {path}") from None
+    except IsADirectoryError:
+        raise ValueError(f"config file is a directory: {path}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"bad TOML in {path}: {error}") from None
+    settings = document.get(table, document)
+    if not isinstance(settings, dict):
+        raise ValueError(f"{path}: [{table}] must be a table of settings")
+    return settings

@@ -21,6 +21,7 @@ from sorl_monitor.detectors import (
     get_detectors,
     load_config,
 )
+from sorl_monitor.postmortem import load_configs
 from sorl_monitor.query import open_runs
 from tests.detectors.synthetic import (
     KEYS,
@@ -268,9 +269,11 @@ def test_toml_file_sets_thresholds_at_top_level_or_under_detectors(tmp_path):
 def test_set_overrides_win_over_the_toml_file(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text("clip_rise_critical = 7.5\n")
-    config = load_config(path, ["clip_rise_critical=6.5", "turn_level_algorithms=so_ppo, my_algo"])
+    config, postmortem_config = load_configs(
+        path, ["clip_rise_critical=6.5", "turn_level_algorithms=so_ppo, my_algo"]
+    )
     assert config.clip_rise_critical == 6.5
-    assert config.turn_level_algorithms == ("so_ppo", "my_algo")
+    assert postmortem_config.turn_level_algorithms == ("so_ppo", "my_algo")
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from sorl_monitor.detectors import DetectorConfig
-from sorl_monitor.postmortem import CAUSES, label_collapse, postmortem
+from sorl_monitor.postmortem import CAUSES, PostmortemConfig, label_collapse, postmortem
 from sorl_monitor.query import QueryError, open_runs
 from tests.detectors.synthetic import (
     KEYS,
@@ -41,7 +41,7 @@ def verdict_of(tmp_path, rows, algorithm="ppo", config=None):
 def test_sustained_synthetic_reward_fall_is_labelled_a_collapse_near_its_start(tmp_path):
     verdict = verdict_of(tmp_path, collapse_rows(stable_rows(420)))
     assert verdict.status == "collapsed" and verdict.collapse_reason == "reward_below_peak"
-    assert COLLAPSE_AT <= verdict.collapse_step <= COLLAPSE_AT + DetectorConfig().collapse_ma_steps
+    assert COLLAPSE_AT <= verdict.collapse_step <= COLLAPSE_AT + PostmortemConfig().collapse_ma_steps
     assert not verdict.ends_collapsed  # the log goes on well past the recovery window
 
 
@@ -73,7 +73,7 @@ def zero_reward_before_end(steps_before_end: int, n: int = 400) -> list[dict]:
 
 
 def test_a_log_that_ends_long_after_its_reward_fell_to_zero_ends_collapsed_synthetic(tmp_path):
-    config = DetectorConfig()
+    config = PostmortemConfig()
     verdict = verdict_of(
         tmp_path, zero_reward_before_end(config.collapse_ma_steps + config.collapse_min_tail_steps)
     )
@@ -86,7 +86,7 @@ def test_a_reward_fall_to_zero_well_before_the_log_ends_is_labelled_ends_collaps
     """The tail is counted from where the reward moving average crosses half its peak, which lags the fall
     by up to half its window: a fall collapse_ma_steps + collapse_min_tail_steps before the end is enough,
     and less than collapse_recovery_steps before it is too recent to have seen a recovery window."""
-    config = DetectorConfig()
+    config = PostmortemConfig()
     assert config.collapse_ma_steps + config.collapse_min_tail_steps < config.collapse_recovery_steps
     verdict = verdict_of(
         tmp_path, zero_reward_before_end(config.collapse_ma_steps + config.collapse_min_tail_steps)
@@ -95,14 +95,14 @@ def test_a_reward_fall_to_zero_well_before_the_log_ends_is_labelled_ends_collaps
 
 
 def test_a_reward_fall_to_zero_5_steps_before_the_log_ends_is_not_labelled_synthetic(tmp_path):
-    assert DetectorConfig().collapse_min_tail_steps > 5
+    assert PostmortemConfig().collapse_min_tail_steps > 5
     verdict = verdict_of(tmp_path, zero_reward_before_end(5))
     assert (verdict.status, verdict.collapse_step, verdict.ends_collapsed) == ("healthy", None, False)
 
 
 def test_a_dip_still_below_half_its_peak_when_the_log_ends_is_not_called_recovered_synthetic(tmp_path):
     verdict = verdict_of(tmp_path, zero_reward_before_end(24))
-    assert verdict.evidence["deepest_dip"] < DetectorConfig().collapse_fraction  # the log ends in the dip
+    assert verdict.evidence["deepest_dip"] < PostmortemConfig().collapse_fraction  # the log ends in the dip
     assert verdict.status == "collapsed" or not any("recovered" in note for note in verdict.notes), (
         verdict.notes
     )
@@ -199,7 +199,7 @@ def mismatch_rows() -> list[dict]:
 def test_token_clip_far_above_turn_clip_is_a_granularity_mismatch_synthetic(tmp_path):
     verdict = verdict_of(tmp_path, mismatch_rows())
     assert verdict.root_cause == "granularity_mismatch"
-    assert verdict.evidence["token_turn_clip_ratio"] >= DetectorConfig().mismatch_clip_ratio
+    assert verdict.evidence["token_turn_clip_ratio"] >= PostmortemConfig().mismatch_clip_ratio
     assert "turn-level importance sampling" in verdict.remedy and "CTN" in verdict.remedy
 
 
@@ -214,7 +214,7 @@ def test_clip_fraction_growing_with_policy_lag_is_off_policy_variance_synthetic(
         row["clip_frac"] = row["clip_frac_turn"] = 0.1 + 0.15 * row["policy_lag"]
     verdict = verdict_of(tmp_path, collapse_rows(rows))
     assert verdict.root_cause == "off_policy_variance"
-    assert verdict.evidence["clip_frac_per_lag"] >= DetectorConfig().off_policy_min_slope
+    assert verdict.evidence["clip_frac_per_lag"] >= PostmortemConfig().off_policy_min_slope
     assert "fewer PPO epochs" in verdict.remedy
 
 
@@ -232,9 +232,9 @@ def stale_drift_rows(lag_offset: int) -> list[dict]:
 def test_clip_fraction_climbing_under_stale_rollouts_is_off_policy_variance_synthetic(tmp_path):
     verdict = verdict_of(tmp_path, stale_drift_rows(lag_offset=16))
     assert verdict.root_cause == "off_policy_variance"
-    assert verdict.evidence["clip_frac_growth"] >= DetectorConfig().off_policy_clip_growth
+    assert verdict.evidence["clip_frac_growth"] >= PostmortemConfig().off_policy_clip_growth
     assert (
-        verdict.evidence["clip_frac_per_lag"] < DetectorConfig().off_policy_min_slope
+        verdict.evidence["clip_frac_per_lag"] < PostmortemConfig().off_policy_min_slope
     )  # not the per-lag rule
 
 
