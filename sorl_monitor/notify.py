@@ -53,9 +53,10 @@ def collapse_text(run_id: str, step: int | None, reason: str) -> str:
 
 
 class OnsetFilter:
-    """Passes the first alert of each streak of a detector, and each escalation to critical.
+    """What an alert *onset* is: the first alert of each streak of a detector, and each escalation to critical.
 
-    A streak ends when the detector has not fired for more than ``gap_steps`` steps.
+    Alerts are fed in step order; a streak ends when the detector has not fired for more than ``gap_steps``
+    steps. ``timeline.alert_onsets`` feeds it logged-block positions instead of steps, with a gap of one.
     """
 
     def __init__(self, gap_steps: int = 8) -> None:
@@ -63,6 +64,7 @@ class OnsetFilter:
         self._last: dict[str, tuple[int, str]] = {}
 
     def is_onset(self, detector: str, step: int, severity: str) -> bool:
+        """Whether this alert starts a streak of ``detector`` (or escalates it to critical); it joins the streak."""
         previous = self._last.get(detector)
         self._last[detector] = (step, severity)
         if previous is None or step - previous[0] > self.gap_steps:

@@ -1,12 +1,14 @@
 """A run's events on its step axis: alert onsets, CTN-on spans, the collapse step.
 
 Used by the figures (dashboard and HTML report) and by ``sorl watch``. An *onset* is the first alert
-of a streak of one detector (consecutive logged blocks of ``DetectorConfig.smooth_steps`` steps), and
-each escalation to critical: a detector firing for 300 blocks is one mark, not 300.
+of a streak of one detector, and each escalation to critical (``notify.OnsetFilter``, which the webhook
+posts with too); here a streak runs over consecutive logged blocks of ``DetectorConfig.smooth_steps``
+steps: a detector firing for 300 blocks is one mark, not 300.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +16,7 @@ from typing import Any
 import pyarrow as pa
 
 from sorl_monitor.detectors import DETECTORS, FAMILY_NAMES
+from sorl_monitor.notify import OnsetFilter
 
 FAMILY = {d.name: d.family for d in DETECTORS}
 """Each detector's family (``Detector.family``); an alert a trainer logged under another name is ``other``."""
@@ -48,25 +51,22 @@ class RunCurves:
 def alert_onsets(
     alerts: Iterable[dict[str, Any]], steps: Sequence[int], block_steps: int = 1
 ) -> list[dict[str, Any]]:
-    """The first alert of each streak of one detector, and each escalation to critical, with its ``family``.
+    """The onsets (``notify.OnsetFilter``) of ``alerts``, rows with ``step, detector, severity`` (and
+    ``message``), each with its ``family``.
 
-    A streak is a run of consecutive logged blocks of ``block_steps`` steps (``steps``: the run's logged
-    steps); ``alerts`` are rows with ``step, detector, severity`` (and ``message``).
+    A streak runs over consecutive logged blocks of ``block_steps`` steps (``steps``: the run's logged steps):
+    the filter sees each alert at its block's position among them, with a gap of one (a block nothing was
+    logged in counts as the next logged one).
     """
-    position = {block: i for i, block in enumerate(sorted({step // block_steps for step in steps}))}
-    onsets, last = [], {}
-    for row in sorted(alerts, key=lambda r: (r["step"], r["detector"])):
-        previous = last.get(row["detector"])
-        if (
-            previous is None
-            or position.get(row["step"] // block_steps, -1)
-            - position.get(previous["step"] // block_steps, -2)
-            != 1
-            or (row["severity"] == "critical" and previous["severity"] != "critical")
-        ):
-            onsets.append({**row, "family": family_of(row["detector"])})
-        last[row["detector"]] = row
-    return onsets
+    blocks = sorted({step // block_steps for step in steps})
+    streaks = OnsetFilter(gap_steps=1)
+    return [
+        {**row, "family": family_of(row["detector"])}
+        for row in sorted(alerts, key=lambda r: (r["step"], r["detector"]))
+        if streaks.is_onset(
+            row["detector"], bisect.bisect_left(blocks, row["step"] // block_steps), row["severity"]
+        )
+    ]
 
 
 def ctn_spans(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 
+from sorl_monitor.notify import OnsetFilter
 from sorl_monitor.postmortem import postmortem
 from sorl_monitor.query import open_runs
 from sorl_monitor.report import verdict_html
@@ -30,6 +31,24 @@ def test_escalation_to_critical_is_a_new_onset():
 def test_detectors_have_separate_streaks():
     onsets = alert_onsets([alert(1), alert(2, "grad_norm_spike"), alert(2)], [1, 2])
     assert [(a["step"], a["detector"]) for a in onsets] == [(1, "kl_rise"), (2, "grad_norm_spike")]
+
+
+def test_alerts_of_a_detector_within_one_block_are_one_streak():
+    onsets = alert_onsets([alert(1), alert(3), alert(9)], list(range(16)), block_steps=8)
+    assert [a["step"] for a in onsets] == [1]
+
+
+def test_an_alert_in_a_block_nothing_was_logged_in_joins_the_streak_into_the_next_logged_block():
+    onsets = alert_onsets([alert(10), alert(20), alert(30)], [0, 10, 30], block_steps=10)
+    assert [a["step"] for a in onsets] == [10]
+
+
+def test_the_timeline_and_the_webhook_share_one_definition_of_onset():
+    fired = [(0, "warning"), (1, "warning"), (2, "critical"), (3, "critical"), (5, "warning")]
+    webhook = OnsetFilter(gap_steps=1)
+    expected = [step for step, severity in fired if webhook.is_onset("kl_rise", step, severity)]
+    onsets = alert_onsets([alert(step, severity=severity) for step, severity in fired], range(6))
+    assert [a["step"] for a in onsets] == expected == [0, 2, 5]
 
 
 def test_ctn_spans_follow_the_logged_ctn_active_column():
