@@ -84,13 +84,11 @@ def dashboard_command(
     ] = DEFAULT_SQL_TIMEOUT_S,
     config: Annotated[
         Path | None,
-        typer.Option(
-            "--config", help="TOML file of detector and post-mortem settings (as for sorl postmortem)."
-        ),
+        typer.Option("--config", help="TOML file of settings (as for sorl postmortem)."),
     ] = None,
     set_: Annotated[
         list[str] | None,
-        typer.Option("--set", help="Override one detector or post-mortem setting: name=value (repeatable)."),
+        typer.Option("--set", help="Override one setting: name=value (repeatable; as for sorl postmortem)."),
     ] = None,
     fmt: LogFormatOption = None,
 ) -> None:
