@@ -139,3 +139,40 @@ def _switch_on(fired: pa.Table) -> GuardDecision:
         threshold=row["threshold"],
         reason=f"CTN on: {row['detector']} ({row['severity']}): {row['message']}",
     )
+
+
+@dataclass
+class AdaptiveCtnCoef:
+    """CTN's λ as a controller that holds the clip fraction near ``target`` (PPO's adaptive-KL rule, Schulman
+    et al. 2017 §4, applied to the clip fraction CTN multiplies):
+
+        c̄ > 1.5 · target  →  λ ← min(2λ, high)
+        c̄ < target / 1.5  →  λ ← max(λ / 2, low)
+
+    ``c̄`` is the mean clip fraction over one rollout batch's updates. ``update`` returns the new λ when it
+    changed (to be logged), else ``None``.
+    """
+
+    value: float
+    target: float
+    low: float
+    high: float
+
+    def __post_init__(self) -> None:
+        if not 0 < self.target < 1:
+            raise ValueError(f"the CTN clip-fraction target must be in (0, 1), not {self.target}")
+        if not 0 < self.low <= self.high:
+            raise ValueError(f"CTN λ bounds need 0 < low ≤ high, got {self.low}..{self.high}")
+        self.value = min(max(self.value, self.low), self.high)
+
+    def update(self, clip_frac: float) -> float | None:
+        if clip_frac > 1.5 * self.target:
+            new = min(2.0 * self.value, self.high)
+        elif clip_frac < self.target / 1.5:
+            new = max(self.value / 2.0, self.low)
+        else:
+            return None
+        if new == self.value:
+            return None
+        self.value = new
+        return new

@@ -31,6 +31,12 @@ class TrainConfig:
     """off | on | auto; default: on for s_ppo / so_ppo / so_grpo, off otherwise."""
     ctn_coef: float = 1.0
     """λ of CTN: loss += λ · clip_fraction · KL_k3."""
+    ctn_target_clip: float | None = None
+    """Adaptive λ: hold the clip fraction CTN multiplies near this target (λ doubles above 1.5× it, halves
+    below it / 1.5, between ``ctn_coef`` and ``ctn_coef_max``, once per rollout batch); None: fixed λ."""
+    ctn_coef_max: float = 64.0
+    ctn_clip_level: str = "surrogate"
+    """Whose clip fraction CTN multiplies: the surrogate's ratio (token, or turn w̄_k) | token (r_t always)."""
     ctn_quiet_updates: int = 256
     """auto: updates without a tripped detector before CTN goes off again. The detectors judge rises over a
     run's own quiet level, so they go quiet once a rise settles even though the drift remains; at 32,
@@ -50,10 +56,14 @@ class TrainConfig:
     staleness: int = 4
     """The behaviour policy is this many iterations older than the learner (stale rollouts)."""
     lr: float = 1e-3
+    warmup_iterations: int = 0
+    """Raise the learning rate linearly from ``lr / warmup_iterations`` to ``lr`` over the first iterations."""
     anneal_lr: bool = False
     """Decay the learning rate linearly from ``lr`` to 0 over the iterations (CleanRL's ``anneal_lr``)."""
     clip_eps: float = 0.2
     clip_eps_high: float | None = None
+    dual_clip: float | None = None
+    """Dual-clip bound c on negative advantages (verl's ``clip_ratio_c``, 3 there); None: off."""
     vf_coef: float = 0.5
     ent_coef: float = 0.0
     kl_ref_coef: float = 0.0
@@ -113,7 +123,7 @@ class TrainConfig:
             )
         non_negative = {"staleness": self.staleness, "ctn_coef": self.ctn_coef, "vf_coef": self.vf_coef,
                         "ent_coef": self.ent_coef, "kl_ref_coef": self.kl_ref_coef,
-                        "warmstart_steps": self.warmstart_steps}  # fmt: skip
+                        "warmstart_steps": self.warmstart_steps, "warmup_iterations": self.warmup_iterations}  # fmt: skip
         for name, value in non_negative.items():
             if not value >= 0 or math.isinf(value):
                 raise ValueError(f"{name} must be a finite number ≥ 0, not {value}")
@@ -128,6 +138,16 @@ class TrainConfig:
                             "warmstart_error_rate": self.warmstart_error_rate}.items():  # fmt: skip
             if not 0 <= value <= 1:
                 raise ValueError(f"{name} must be in [0, 1], not {value}")
+        if self.dual_clip is not None and not 1 < self.dual_clip < math.inf:
+            raise ValueError(f"dual_clip must be a finite number > 1, not {self.dual_clip}")
+        if self.ctn_target_clip is not None and not 0 < self.ctn_target_clip < 1:
+            raise ValueError(f"ctn_target_clip must be in (0, 1), not {self.ctn_target_clip}")
+        if not self.ctn_coef_max >= self.ctn_coef:
+            raise ValueError(
+                f"ctn_coef_max ({self.ctn_coef_max}) must be at least ctn_coef ({self.ctn_coef})"
+            )
+        if self.ctn_clip_level not in ("surrogate", "token"):
+            raise ValueError(f"ctn_clip_level must be 'surrogate' or 'token', not {self.ctn_clip_level!r}")
         if self.ctn_quiet_updates < 1:
             raise ValueError(f"ctn_quiet_updates must be at least 1, not {self.ctn_quiet_updates}")
         self.task.check()

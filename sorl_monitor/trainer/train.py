@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from sorl_monitor.guard import CtnGuard
+from sorl_monitor.guard import AdaptiveCtnCoef, CtnGuard
 from sorl_monitor.monitor import Monitor
 from sorl_monitor.trainer.algorithms import get_algorithm
 from sorl_monitor.trainer.algorithms.common import LossSettings, Minibatch
@@ -59,12 +59,14 @@ def loss_settings(cfg: TrainConfig) -> LossSettings:
         clip_eps=cfg.clip_eps, clip_eps_high=cfg.clip_eps if cfg.clip_eps_high is None else cfg.clip_eps_high,
         vf_coef=cfg.vf_coef, ent_coef=cfg.ent_coef, kl_ref_coef=cfg.kl_ref_coef, turn_ratio=cfg.turn_ratio,
         gamma=cfg.gamma, gae_lambda=cfg.gae_lambda, whiten=cfg.whiten, ctn_anchor=cfg.ctn_anchor,
+        dual_clip=cfg.dual_clip, ctn_clip_level=cfg.ctn_clip_level,
     )  # fmt: skip
 
 
 def learning_rate(cfg: TrainConfig, iteration: int) -> float:
-    """``lr``, or with ``anneal_lr`` ``lr · (1 − iteration / iterations)``."""
-    return cfg.lr * (1.0 - iteration / cfg.iterations) if cfg.anneal_lr else cfg.lr
+    """``lr`` · ``min(1, (iteration + 1) / warmup_iterations)`` · (with ``anneal_lr``) ``(1 − iteration / iterations)``."""
+    warmup = min(1.0, (iteration + 1) / cfg.warmup_iterations) if cfg.warmup_iterations else 1.0
+    return cfg.lr * warmup * ((1.0 - iteration / cfg.iterations) if cfg.anneal_lr else 1.0)
 
 
 def train(cfg: TrainConfig, progress: Progress | None = None) -> TrainResult:
@@ -96,6 +98,9 @@ def train(cfg: TrainConfig, progress: Progress | None = None) -> TrainResult:
     ctn_mode = cfg.ctn_mode
     ctn_active = ctn_mode == "on"
     guard = CtnGuard(cfg.detectors, quiet_updates=cfg.ctn_quiet_updates) if ctn_mode == "auto" else None
+    adaptive = (AdaptiveCtnCoef(cfg.ctn_coef, cfg.ctn_target_clip, cfg.ctn_coef, cfg.ctn_coef_max)
+                if cfg.ctn_target_clip is not None and ctn_mode != "off" else None)  # fmt: skip
+    ctn_coef = cfg.ctn_coef
     mon = Monitor(cfg.log_dir, cfg.run_name, config=cfg.to_dict(), algorithm=cfg.algo, seed=cfg.seed,
                   clip_eps=settings.clip_eps, clip_eps_high=settings.clip_eps_high).watch(policy)  # fmt: skip
     result = TrainResult(mon.run_dir, mon.run_id, "finished")
@@ -121,7 +126,8 @@ def train(cfg: TrainConfig, progress: Progress | None = None) -> TrainResult:
                 adv, returns = algo.advantages(
                     episodes.rewards, values, mask, episodes.turn_ids, group_ids, settings
                 )
-            coef = cfg.ctn_coef if ctn_active else 0.0
+            coef = ctn_coef if ctn_active else 0.0
+            batch_clip_fracs = []
             last: dict[str, float] = {}
             diverged = False
             for epoch in range(cfg.epochs):
@@ -145,11 +151,13 @@ def train(cfg: TrainConfig, progress: Progress | None = None) -> TrainResult:
                         ppo_epoch=epoch, minibatch=mb, policy_lag=lag_iterations * steps_per_iteration + epoch * cfg.minibatches + mb,
                         extra={"loss": terms.loss.detach(), "pg_loss": terms.pg_loss, "vf_loss": terms.vf_loss,
                                "ctn_penalty": terms.ctn_penalty, "ctn_active": ctn_active, "ctn_coef": coef,
+                               "ctn_clip_frac": terms.clip_frac,
                                "lr": lr, "success_rate": episodes.correct[idx].float().mean(),
                                "well_formed_frac": episodes.well_formed[idx].float().mean()},
                         log_turns=cfg.log_turns == "all" or (cfg.log_turns == "first" and first),
                     ) or last  # fmt: skip
                     step += 1
+                    batch_clip_fracs.append(terms.clip_frac)
                     if not torch.isfinite(terms.loss) or not torch.isfinite(grad_norm):
                         diverged = True
                         break
@@ -159,6 +167,13 @@ def train(cfg: TrainConfig, progress: Progress | None = None) -> TrainResult:
             history.append(copy.deepcopy(policy.state_dict()))
             reward = float(episodes.rewards.mean())
             result.iteration_rewards.append(reward)
+            if adaptive is not None and ctn_active and batch_clip_fracs:
+                mean_clip = float(torch.stack(batch_clip_fracs).mean())
+                if adaptive.update(mean_clip) is not None:
+                    ctn_coef = adaptive.value
+                    mon.log_alert("ctn_coef", "info", f"CTN λ → {ctn_coef:g}: clip fraction {mean_clip:.3f} "
+                                  f"vs target {cfg.ctn_target_clip:g}", value=ctn_coef,
+                                  threshold=cfg.ctn_target_clip, step=step - 1, kind="action")  # fmt: skip
             if guard is not None:
                 decision = guard.update(mon.recent_steps())
                 if decision is not None:

@@ -200,3 +200,58 @@ def test_gradient_reaches_the_policy_and_only_critic_algorithms_train_the_value_
         assert head_grad is not None and head_grad.abs().sum() > 0
     else:
         assert head_grad is None
+
+
+def verl_style_dual_clip(ratio, adv, eps_low, eps_high, c):
+    """Per-token loss with dual-clip as verl documents it (``clip_ratio_c``), written out here:
+    L1 = max(−A ρ, −A clip(ρ)); where A < 0: min(L1, −A c); mean over the mask."""
+    loss_1 = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - eps_low, 1 + eps_high))
+    loss_2 = torch.minimum(loss_1, -adv * c)
+    return masked_mean(torch.where(adv < 0, loss_2, loss_1), MASK)
+
+
+@pytest.mark.parametrize("c", [1.5, 3.0, 10.0])
+def test_dual_clip_equals_the_verl_formula_on_hand_made_ratios(c):
+    from sorl_monitor.trainer.algorithms.common import clipped_surrogate
+
+    # ratios far above and below the trust region, with both signs of advantage
+    ratio = torch.tensor(
+        [[1.0, 0.5, 4.0, 1.0, 20.0, 1.1, 1.0, 0.9, 400.0], [1.0, 2.5, 0.1, 1.0, 1.3, 7.0, 1, 1, 1]]
+    )
+    adv = torch.tensor(
+        [[0.0, -1.0, -2.0, 0.0, -0.5, 1.0, 0.0, 2.0, -1.0], [0.0, 1.0, -3.0, 0.0, -1.0, -1.0, 0, 0, 0]]
+    )
+    ours = clipped_surrogate(ratio, adv, MASK, 0.2, 0.28, dual_clip=c)
+    torch.testing.assert_close(ours, verl_style_dual_clip(ratio, adv, 0.2, 0.28, c))
+    plain = clipped_surrogate(ratio, adv, MASK, 0.2, 0.28)
+    assert float(plain) > float(ours)  # the 400× and 20× tokens on negative advantages no longer dominate
+
+
+@pytest.mark.parametrize("name", ["ppo", "so_ppo", "grpo"])
+def test_at_ratio_one_dual_clip_and_token_level_ctn_leave_the_plain_policy_gradient(name):
+    torch.manual_seed(1)
+    logp = (-torch.rand(MASK.shape)).requires_grad_()
+    adv = torch.randn(2, 9).gather(1, TURNS.clamp_min(0)) * MASK
+    settings = LossSettings(dual_clip=3.0, ctn_clip_level="token")
+    terms = get_algorithm(name).loss(output(logp), minibatch(logp, adv), settings, ctn_coef=4.0)
+    (grad,) = torch.autograd.grad(terms.loss, logp)
+    (expected,) = torch.autograd.grad(-masked_mean(adv * logp, MASK), logp)
+    torch.testing.assert_close(grad, expected)
+
+
+def test_token_level_ctn_multiplies_the_token_clip_fraction_even_for_a_turn_ratio():
+    old = torch.zeros(2, 9)
+    # turn 0 of row 0: token ratios e^1 and e^-1 average to 1.54 (clipped as a turn); all other tokens at 1
+    logp = torch.zeros(2, 9)
+    logp[0, 1], logp[0, 2] = 1.0, -1.0
+    batch = minibatch(logp, torch.zeros(2, 9), old)
+    algo = get_algorithm("so_ppo")
+    surrogate = algo.loss(output(logp), batch, LossSettings(), ctn_coef=1.0)
+    token = algo.loss(output(logp), batch, LossSettings(ctn_clip_level="token"), ctn_coef=1.0)
+    assert float(surrogate.clip_frac) == pytest.approx(2 / 10)  # the turn's 2 tokens, of 10 agent tokens
+    assert float(token.clip_frac) == pytest.approx(2 / 10)
+    logp[0, 2] = 0.1  # now the turn mean is (e + e^0.1)/2 = 1.91: still clipped; token 2 inside alone
+    batch = minibatch(logp, torch.zeros(2, 9), old)
+    assert float(algo.loss(output(logp), batch, LossSettings(), 1.0).clip_frac) == pytest.approx(2 / 10)
+    token = algo.loss(output(logp), batch, LossSettings(ctn_clip_level="token"), 1.0)
+    assert float(token.clip_frac) == pytest.approx(1 / 10)

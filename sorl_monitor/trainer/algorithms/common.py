@@ -56,6 +56,10 @@ class LossSettings:
     gamma: float = 1.0
     gae_lambda: float = 1.0
     whiten: bool = True
+    dual_clip: float | None = None
+    ctn_clip_level: str = "surrogate"
+    """Whose clip fraction CTN multiplies: the surrogate's ratio ρ | ``token`` (r_t whatever ρ is)."""
+    """Dual-clip bound ``c`` (> 1) on negative-advantage tokens; None: off."""
     ctn_anchor: str = "behaviour"
     """The policy CTN's KL pulls back to: ``behaviour`` (π_old, which made the rollout) or ``proximal``
     (π_prox, the learner when this batch's updates began; the same policy when rollouts are fresh)."""
@@ -141,12 +145,25 @@ def ratios(logp: Tensor, batch: Minibatch, turn_level: bool, mode: str) -> tuple
 
 
 def clipped_surrogate(
-    ratio: Tensor, advantages: Tensor, mask: Tensor, eps_low: float, eps_high: float
+    ratio: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    eps_low: float,
+    eps_high: float,
+    dual_clip: float | None = None,
 ) -> Tensor:
-    """PPO's ``−mean_t min(ρ_t A_t, clip(ρ_t, 1−ε_low, 1+ε_high) A_t)`` over agent tokens."""
+    """PPO's ``−mean_t min(ρ_t A_t, clip(ρ_t, 1−ε_low, 1+ε_high) A_t)`` over agent tokens.
+
+    Dual-clip (Ye et al. 2020; verl's ``clip_ratio_c``): where ``A_t < 0`` the objective is also bounded
+    below by ``c · A_t``, i.e. ``max(min(ρ A, clip(ρ) A), c A)``, so a token (or turn) whose ratio ran far
+    above ``1+ε`` on a negative advantage pushes with weight ``c`` at most, not ``ρ``.
+    """
     unclipped = ratio * advantages
     clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * advantages
-    return -masked_mean(torch.minimum(unclipped, clipped), mask)
+    objective = torch.minimum(unclipped, clipped)
+    if dual_clip is not None:
+        objective = torch.where(advantages < 0, torch.maximum(objective, dual_clip * advantages), objective)
+    return -masked_mean(objective, mask)
 
 
 def ctn_penalty(
@@ -201,7 +218,10 @@ def surrogate_loss(
     """Every algorithm's loss: the clipped surrogate on the token or turn ratio, the value loss when there is
     a critic, CTN, and the optional entropy and reference-KL terms (``combine``)."""
     log_ratio, ratio = ratios(out.logp, batch, turn_level, s.turn_ratio)
-    pg = clipped_surrogate(ratio, batch.advantages, batch.mask, s.clip_eps, s.clip_eps_high)
+    pg = clipped_surrogate(ratio, batch.advantages, batch.mask, s.clip_eps, s.clip_eps_high, s.dual_clip)
     vf = value_loss(out.values, batch.returns, batch.mask) if critic else torch.zeros_like(pg)
-    penalty, frac = ctn_penalty(ctn_log_ratio(out.logp, log_ratio, batch, s), ratio, batch.mask, ctn_coef, s)
+    ctn_ratio = log_ratio.exp() if s.ctn_clip_level == "token" else ratio
+    penalty, frac = ctn_penalty(
+        ctn_log_ratio(out.logp, log_ratio, batch, s), ctn_ratio, batch.mask, ctn_coef, s
+    )
     return combine(pg, vf, penalty, frac, out.entropy, out.logp, batch, s)
