@@ -43,7 +43,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from sorl_monitor.detectors import DETECTOR_NAMES, DetectorConfig, detect, load_config  # noqa: E402
-from sorl_monitor.postmortem import label_collapse  # noqa: E402
+from sorl_monitor.postmortem import PostmortemConfig, label_collapse  # noqa: E402
 from sorl_monitor.query import QueryError, RunSet, open_runs  # noqa: E402
 
 FITTED: dict[str, tuple[float, ...]] = {
@@ -157,11 +157,11 @@ class Score:
 
 def labels(runs: RunSet, config: DetectorConfig) -> list[Labelled]:
     """Every run's label; its setting is its run id without a trailing ``-s<seed>``."""
-    out = []
-    for row in label_collapse(runs, config).to_pylist():
+    out, label = [], PostmortemConfig()
+    for row in label_collapse(runs, config, postmortem_config=label).to_pylist():
         run_id = row["run_id"]
         setting = re.sub(r"-s\d+$", "", run_id)
-        dipped = row["collapse_step"] is None and (row["deepest_dip"] or 1.0) < config.collapse_fraction
+        dipped = row["collapse_step"] is None and (row["deepest_dip"] or 1.0) < label.collapse_fraction
         out.append(Labelled(run_id, setting, row["collapse_step"], dipped, bool(row["ends_collapsed"])))
     return out
 
