@@ -1,18 +1,27 @@
-"""Collapse sweep of the bundled trainer (not a test): seeds × variants under one off-policy setting.
+"""Collapse sweep of the bundled trainer (not a test): off-policy settings × seeds × variants.
 
-    python benchmarks/collapse_sweep.py --seeds 8 --iterations 100 [--jobs 2] [--set lr=7e-4 --set staleness=4]
+    python benchmarks/collapse_sweep.py [--seeds 8] [--iterations 100] [--jobs 2]
+        [--settings default milder:lr=5e-4 harsher:staleness=8] [--variants ppo so_ppo so_ppo+auto ppo+auto]
 
-A variant is ``algo[:turn_ratio][+ctn_mode]``, e.g. ``ppo``, ``so_ppo:geomean``, ``ppo+auto``. One run per
-process (``--jobs`` processes, one thread each). Prints one line per run as it ends, then a table per
-variant: collapse rate (the post-mortem's collapse label), final and peak reward (per rollout
-iteration; final = mean of the last 5), peak clip fraction, max grad norm, updates to collapse, and
-the mean lead time of the first critical alert. Runs are kept under ``--log-dir`` for
-``benchmarks/detector_eval.py`` and the dashboard.
+A setting is ``name[:field=value,...]`` (``TrainConfig`` fields over the defaults; ``--set`` applies to
+every setting). A variant is ``algo[:turn_ratio][+ctn_mode][@field=value,...]``, e.g. ``ppo``,
+``so_ppo:mean``, ``ppo+auto``, ``ppo@dual_clip=none``. One run per process (``--jobs`` processes, one thread each); runs already finished under
+``--log-dir`` are read back instead of retrained. Prints one line per run, then a table per setting:
+
+* collapsed: the post-mortem's label (reward below half its peak for 64+ updates, not recovered);
+* held: the run's reward (moving average over 5 iterations) never fell below 0.7 × its peak after its
+  first 10 iterations; worst hold: the lowest such ratio over the seeds;
+* final / peak: mean over the seeds of the last-5-iteration reward and of the peak (5-iteration MA);
+  gap: how far the variant's mean final reward is below the best variant's in that setting;
+* clip max, grad max, CTN switches, λ max: what the run did.
+
+``--markdown FILE`` writes the tables as Markdown (the README's sweep table).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import multiprocessing as mp
 import statistics
@@ -22,10 +31,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-DEFAULT_VARIANTS = ("ppo", "turn_ppo", "s_ppo", "so_ppo", "ppo+auto", "grpo", "so_grpo", "so_ppo:geomean")
+DEFAULT_VARIANTS = ("ppo", "ppo@dual_clip=none", "so_ppo", "so_ppo+auto", "ppo+auto")
+DEFAULT_SETTINGS = ("default", "milder:lr=5e-4", "harsher:staleness=8")
+HOLD_FRACTION = 0.7
+HOLD_AFTER = 10  # iterations
+MA = 5  # iterations
 
 
 def parse_variant(variant: str) -> dict:
+    """``algo[:turn_ratio][+ctn][@field=value,...]`` → ``TrainConfig`` fields (values as text)."""
+    variant, _, extra = variant.partition("@")
     name, _, ctn = variant.partition("+")
     algo, _, ratio = name.partition(":")
     out = {"algo": algo}
@@ -33,64 +48,109 @@ def parse_variant(variant: str) -> dict:
         out["turn_ratio"] = ratio
     if ctn:
         out["ctn"] = ctn
+    out.update(parse_setting(f"-:{extra}")[1])
     return out
 
 
+def parse_setting(text: str) -> tuple[str, dict[str, str]]:
+    name, _, fields = text.partition(":")
+    pairs = [item.partition("=") for item in fields.split(",") if item]
+    return name, {key: value for key, _, value in pairs}
+
+
 def run_name(variant: str, seed: int) -> str:
-    return f"{variant.replace(':', '-').replace('+', '-')}-s{seed}"
+    for mark in ":+@,":
+        variant = variant.replace(mark, "-")
+    return f"{variant.replace('=', '')}-s{seed}"
 
 
-def measure(
-    run_dir: Path, variant: str, seed: int, final: float, peak: float, seconds: float, switches: int
-) -> dict:
-    """The sweep's row for one finished run (collapse label and verdict from the post-mortem)."""
+def hold_ratio(rewards: list[float]) -> tuple[float, float]:
+    """``(lowest MA / running peak after HOLD_AFTER iterations, peak MA)`` of per-iteration rewards."""
+    ma = [statistics.fmean(rewards[max(0, i - MA + 1) : i + 1]) for i in range(len(rewards))]
+    peak, worst = 0.0, math.inf
+    for i, value in enumerate(ma):
+        peak = max(peak, value)
+        if i >= HOLD_AFTER and peak > 0:
+            worst = min(worst, value / peak)
+    return (worst if worst < math.inf else float("nan")), peak
+
+
+def measure(run_dir: Path, variant: str, setting: str, seed: int, seconds: float) -> dict:
+    """The sweep's row for one finished run (collapse label from the post-mortem, rewards per iteration)."""
     from sorl_monitor.postmortem import postmortem
     from sorl_monitor.query import open_runs
 
     with open_runs(run_dir) as runs:
         verdict = postmortem(runs, run_dir.name)
-        peaks = runs.sql("SELECT max(clip_frac), max(grad_norm) FROM steps").to_pylist()[0]
-    values = list(peaks.values())
-    return {"variant": variant, "seed": seed, "collapsed": verdict.collapsed, "collapse_step": verdict.collapse_step,
-            "lead_time": verdict.lead_time, "root_cause": verdict.root_cause, "final": final, "peak": peak,
-            "clip_max": values[0], "grad_max": values[1], "seconds": seconds, "ctn_switches": switches,
-            "dip": verdict.evidence["deepest_dip"]}  # fmt: skip
+        peaks = runs.sql("SELECT max(clip_frac), max(grad_norm), max(ctn_coef) FROM steps").to_pylist()[0]
+        rewards = runs.sql("SELECT avg(reward_mean) FROM steps GROUP BY iteration ORDER BY iteration")
+        switches = runs.sql(
+            "SELECT count(*) FROM alerts WHERE kind = 'action' AND detector IN ('ctn_on', 'ctn_off')"
+        )
+        rewards, switches = rewards.column(0).to_pylist(), switches.column(0).to_pylist()[0]
+    clip_max, grad_max, coef_max = peaks.values()
+    hold, peak = hold_ratio(rewards)
+    tail = rewards[-5:]
+    return {"variant": variant, "setting": setting, "seed": seed, "collapsed": verdict.collapsed,
+            "collapse_step": verdict.collapse_step, "root_cause": verdict.root_cause,
+            "final": statistics.fmean(tail) if tail else float("nan"), "peak": peak, "hold": hold,
+            "clip_max": clip_max, "grad_max": grad_max, "coef_max": coef_max, "switches": switches,
+            "seconds": seconds}  # fmt: skip
 
 
-def from_runs(log_dir: str, variants: list[str], seeds: range) -> list[dict]:
-    """Rows of a sweep already on disk (``--summarize``)."""
-    import json
-
-    rows = []
-    for variant in variants:
-        for seed in seeds:
-            run_dir = Path(log_dir) / run_name(variant, seed)
-            info_path = run_dir / "run.json"
-            if not info_path.is_file():
-                continue
-            info = json.loads(info_path.read_text())
-            rows.append(measure(run_dir, variant, seed, info.get("final_reward", float("nan")),
-                                info.get("peak_reward", float("nan")), float("nan"), 0))  # fmt: skip
-    return rows
+def finished(run_dir: Path) -> bool:
+    try:
+        return json.loads((run_dir / "run.json").read_text()).get("status") not in (None, "running")
+    except (OSError, ValueError):
+        return False
 
 
-def run_one(job: tuple[str, int, int, str, dict]) -> dict:
-    variant, seed, iterations, log_dir, overrides = job
+def run_one(job: tuple[str, str, dict, int, int, str]) -> dict:
+    variant, setting, overrides, seed, iterations, log_dir = job
+    folder = Path(log_dir) / setting
+    name = run_name(variant, seed)
+    if finished(folder / name):
+        return measure(folder / name, variant, setting, seed, float("nan"))
+    import shutil
+
     from sorl_monitor.trainer.config import TrainConfig, with_settings
     from sorl_monitor.trainer.train import train
 
-    safe = run_name(variant, seed)[: -len(f"-s{seed}")]
-    cfg = TrainConfig(seed=seed, iterations=iterations, log_dir=log_dir, run_name=f"{safe}-s{seed}",
-                      log_turns="first", **parse_variant(variant))  # fmt: skip
-    cfg = with_settings(cfg, [f"{key}={value}" for key, value in overrides.items()])
+    shutil.rmtree(folder / name, ignore_errors=True)  # an unfinished run is trained again
+    cfg = TrainConfig(seed=seed, iterations=iterations, log_dir=str(folder), run_name=name, log_turns="first")
+    fields = {**overrides, **parse_variant(variant)}
+    cfg = with_settings(cfg, [f"{key}={value}" for key, value in fields.items()])
     result = train(cfg)
-    return measure(result.run_dir, variant, seed, result.final_reward, result.peak_reward, result.seconds,
-                   len(result.ctn_switches))  # fmt: skip
+    return measure(result.run_dir, variant, setting, seed, result.seconds)
 
 
-def mean(xs):
+def mean(xs) -> float:
     xs = [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
     return statistics.fmean(xs) if xs else float("nan")
+
+
+def table(rows: list[dict], variants: list[str], setting: str, fields: dict) -> list[str]:
+    """Markdown lines of one setting's table."""
+    mine = [r for r in rows if r["setting"] == setting]
+    finals = {v: mean(r["final"] for r in mine if r["variant"] == v) for v in variants}
+    best = max((f for f in finals.values() if not math.isnan(f)), default=float("nan"))
+    described = ", ".join(f"{k}={v}" for k, v in fields.items()) or "the trainer's defaults"
+    lines = [f"**{setting}** ({described})", "",
+             "| variant | collapsed | held ≥ 0.7 × peak | worst hold | final | peak | gap to best | clip max | grad max | CTN switches | λ max |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for variant in variants:
+        runs = [r for r in mine if r["variant"] == variant]
+        if not runs:
+            continue
+        n = len(runs)
+        held = sum(r["hold"] >= HOLD_FRACTION for r in runs)
+        lines.append(
+            f"| {variant} | {sum(r['collapsed'] for r in runs)}/{n} | {held}/{n} | {min(r['hold'] for r in runs):.2f} "
+            f"| {finals[variant]:.2f} | {mean(r['peak'] for r in runs):.2f} | {best - finals[variant]:.2f} "
+            f"| {mean(r['clip_max'] for r in runs):.2f} | {max(r['grad_max'] for r in runs):.0f} "
+            f"| {mean(r['switches'] for r in runs):.1f} | {max(r['coef_max'] for r in runs):g} |"
+        )  # fmt: skip
+    return lines
 
 
 def main() -> None:
@@ -101,59 +161,35 @@ def main() -> None:
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--iterations", type=int, default=100)
     parser.add_argument("--variants", nargs="+", default=list(DEFAULT_VARIANTS))
+    parser.add_argument("--settings", nargs="+", default=list(DEFAULT_SETTINGS))
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--log-dir", default="sweep_runs")
-    parser.add_argument("--set", action="append", default=[], help="TrainConfig override key=value")
-    parser.add_argument(
-        "--summarize", action="store_true", help="only print the table of runs already in --log-dir"
-    )
+    parser.add_argument("--set", action="append", default=[], help="TrainConfig override for every setting")
+    parser.add_argument("--markdown", help="also write the tables to this Markdown file")
     args = parser.parse_args()
-    overrides = {}
-    for item in args.set:
-        key, _, value = item.partition("=")
-        overrides[key] = value
-    if args.summarize:
-        print_table(from_runs(args.log_dir, args.variants, range(args.first_seed, args.first_seed + args.seeds)),
-                    args.variants, f"runs in {args.log_dir}")  # fmt: skip
-        return
-    jobs = [(v, s, args.iterations, args.log_dir, overrides)
-            for s in range(args.first_seed, args.first_seed + args.seeds) for v in args.variants]  # fmt: skip
-    print(f"{len(jobs)} runs, {args.jobs} at a time, settings {overrides or 'defaults'}", flush=True)
+    common = dict(item.partition("=")[::2] for item in args.set)
+    settings = dict(parse_setting(text) for text in args.settings)
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    jobs = [(v, name, {**common, **fields}, s, args.iterations, args.log_dir)
+            for name, fields in settings.items() for s in seeds for v in args.variants]  # fmt: skip
+    print(f"{len(jobs)} runs, {args.jobs} at a time", flush=True)
     started = time.perf_counter()
     rows = []
     with mp.get_context("spawn").Pool(args.jobs) as pool:
         for row in pool.imap_unordered(run_one, jobs):
             rows.append(row)
-            print(f"{row['variant']:>16} seed {row['seed']}: {'COLLAPSED at ' + str(row['collapse_step']) if row['collapsed'] else 'stable':<18}"
-                  f" final {row['final']:.2f} peak {row['peak']:.2f} clip_max {row['clip_max']:.2f}"
-                  f" grad_max {row['grad_max']:.1f} dip {row['dip']:.2f} cause {row['root_cause']} ({row['seconds']:.0f} s)",
-                  flush=True)  # fmt: skip
-    print_table(rows, args.variants, f"settings: {overrides or 'defaults'}; {args.iterations} iterations; "
-                f"{time.perf_counter() - started:.0f} s")  # fmt: skip
-
-
-def print_table(rows: list[dict], variants: list[str], title: str) -> None:
-    print(f"\n{title}")
-    print(
-        "collapsed = the post-mortem's label (reward MA below half its peak for 64+ updates); "
-        "ended low = final reward below half the peak; dipped = reward MA below half its running peak at "
-        "some point (recovered or not); worst dip = the lowest reward MA / running peak over the seeds"
-    )
-    header = (f"{'variant':>16} {'collapsed':>9} {'ended low':>9} {'dipped':>9} {'worst dip':>9} {'final':>6} "
-              f"{'peak':>6} {'clip_max':>8} {'grad_max':>8} {'upd→collapse':>12} {'lead':>6}")  # fmt: skip
-    print(header)
-    for variant in variants:
-        mine = [r for r in rows if r["variant"] == variant]
-        if not mine:
-            continue
-        n_c = sum(r["collapsed"] for r in mine)
-        n_low = sum(r["final"] < 0.5 * r["peak"] for r in mine)
-        n_dip = sum(r["dip"] < 0.5 for r in mine)
-        print(f"{variant:>16} {n_c:>4}/{len(mine):<4} {n_low:>4}/{len(mine):<4} {n_dip:>4}/{len(mine):<4} "
-              f"{min(r['dip'] for r in mine):>9.2f} {mean(r['final'] for r in mine):>6.2f} "
-              f"{mean(r['peak'] for r in mine):>6.2f} {mean(r['clip_max'] for r in mine):>8.2f} "
-              f"{max(r['grad_max'] for r in mine):>8.1f} {mean(r['collapse_step'] for r in mine):>12.0f} "
-              f"{mean(r['lead_time'] for r in mine):>6.1f}")  # fmt: skip
+            state = f"COLLAPSED at {row['collapse_step']}" if row["collapsed"] else "stable"
+            print(f"{row['setting']:>8} {row['variant']:>12} s{row['seed']}: {state:<17} final {row['final']:.2f} "
+                  f"peak {row['peak']:.2f} hold {row['hold']:.2f} grad_max {row['grad_max']:.0f} "
+                  f"({row['seconds']:.0f} s)", flush=True)  # fmt: skip
+    lines = [f"Collapse sweep: {args.seeds} seeds × {len(settings)} settings, {args.iterations} iterations each, "
+             f"common overrides {common or 'none'}; {time.perf_counter() - started:.0f} s on {args.jobs} jobs.", ""]  # fmt: skip
+    for name, fields in settings.items():
+        lines += [*table(rows, args.variants, name, {**common, **fields}), ""]
+    text = "\n".join(lines)
+    print("\n" + text)
+    if args.markdown:
+        Path(args.markdown).write_text(text + "\n")
 
 
 if __name__ == "__main__":

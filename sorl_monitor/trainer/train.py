@@ -151,7 +151,7 @@ def train(cfg: TrainConfig, progress: Progress | None = None) -> TrainResult:
                         ppo_epoch=epoch, minibatch=mb, policy_lag=lag_iterations * steps_per_iteration + epoch * cfg.minibatches + mb,
                         extra={"loss": terms.loss.detach(), "pg_loss": terms.pg_loss, "vf_loss": terms.vf_loss,
                                "ctn_penalty": terms.ctn_penalty, "ctn_active": ctn_active, "ctn_coef": coef,
-                               "ctn_clip_frac": terms.clip_frac,
+                               "ctn_clip_frac": terms.clip_frac, "dual_clip_frac": terms.dual_clip_frac,
                                "lr": lr, "success_rate": episodes.correct[idx].float().mean(),
                                "well_formed_frac": episodes.well_formed[idx].float().mean()},
                         log_turns=cfg.log_turns == "all" or (cfg.log_turns == "first" and first),

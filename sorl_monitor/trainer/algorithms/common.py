@@ -42,7 +42,10 @@ class LossTerms:
     pg_loss: Tensor
     vf_loss: Tensor
     ctn_penalty: Tensor
-    clip_frac: Tensor  # of the ratio the surrogate uses (token or turn), detached
+    clip_frac: (
+        Tensor  # what CTN multiplies: the clip fraction of the surrogate's (or the token) ratio, detached
+    )
+    dual_clip_frac: Tensor  # share of agent tokens the dual-clip bound caps (A < 0, ρ > c), detached
 
 
 @dataclass(frozen=True)
@@ -201,15 +204,15 @@ def kl_to_reference(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
     return masked_mean(kl_k3(ref_logp - logp), mask)
 
 
-def combine(pg: Tensor, vf: Tensor, penalty: Tensor, frac: Tensor, entropy: Tensor, logp: Tensor,
-            batch: Minibatch, s: LossSettings) -> LossTerms:  # fmt: skip
+def combine(pg: Tensor, vf: Tensor, penalty: Tensor, frac: Tensor, dual_frac: Tensor, entropy: Tensor,
+            logp: Tensor, batch: Minibatch, s: LossSettings) -> LossTerms:  # fmt: skip
     """``loss = pg + c_v·vf + CTN − c_H·H + β·KL(π_θ‖π_ref)``."""
     loss = pg + s.vf_coef * vf + penalty
     if s.ent_coef:
         loss = loss - s.ent_coef * masked_mean(entropy, batch.mask)
     if s.kl_ref_coef:
         loss = loss + s.kl_ref_coef * kl_to_reference(logp, batch.ref_logp, batch.mask)
-    return LossTerms(loss, pg.detach(), vf.detach(), penalty.detach(), frac.detach())
+    return LossTerms(loss, pg.detach(), vf.detach(), penalty.detach(), frac.detach(), dual_frac.detach())
 
 
 def surrogate_loss(
@@ -224,4 +227,9 @@ def surrogate_loss(
     penalty, frac = ctn_penalty(
         ctn_log_ratio(out.logp, log_ratio, batch, s), ctn_ratio, batch.mask, ctn_coef, s
     )
-    return combine(pg, vf, penalty, frac, out.entropy, out.logp, batch, s)
+    capped = (
+        (batch.advantages < 0) & (ratio > s.dual_clip) if s.dual_clip is not None else torch.zeros_like(ratio)
+    )
+    return combine(
+        pg, vf, penalty, frac, masked_mean(capped.float(), batch.mask), out.entropy, out.logp, batch, s
+    )
