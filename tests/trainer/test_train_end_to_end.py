@@ -15,7 +15,8 @@ STEP_COLUMNS = (
     "loss pg_loss ctn_penalty ctn_active ctn_coef lr ratio_mean ratio_min ratio_max ratio_p01 ratio_p99 "
     "log_ratio_std turn_ratio_mean turn_ratio_max seq_ratio_mean clip_frac clip_frac_low clip_frac_high "
     "clip_frac_turn kl_old_k1 kl_old_k3 kl_ref_k3 entropy grad_norm grad_norm_clipped param_norm adv_mean "
-    "adv_std reward_mean reward_std zero_std_group_frac response_len_mean turns_mean nonfinite_count"
+    "adv_std reward_mean reward_std zero_std_group_frac response_len_mean turns_mean nonfinite_count "
+    "ctn_clip_frac dual_clip_frac"
 ).split()
 CRITIC_COLUMNS = ("vf_loss", "value_mean", "return_mean")
 TURN_COLUMNS = (
@@ -80,3 +81,35 @@ def test_anneal_lr_decays_the_logged_learning_rate_linearly_to_zero_over_the_ite
     assert [r["iteration"] for r in rows] == [0, 1, 2, 3]
     assert all(r["lo"] == r["hi"] for r in rows)  # one rate per rollout batch
     assert [r["lo"] for r in rows] == pytest.approx([1e-3, 7.5e-4, 5e-4, 2.5e-4])
+
+
+@pytest.mark.slow
+def test_adaptive_ctn_coef_changes_are_logged_as_actions_and_used_by_the_next_rollout_batch(tmp_path):
+    # a target far below any clip fraction a 1e-2 learning rate produces: λ must double after each batch
+    cfg = tiny("so_ppo", tmp_path, ctn="on", ctn_target_clip=1e-4, ctn_coef=1.0, ctn_coef_max=4.0, lr=1e-2)
+    cfg.iterations = 4
+    train(cfg)
+    with open_runs(tmp_path) as runs:
+        coefs = runs.sql(
+            "SELECT iteration, min(ctn_coef) AS lo, max(ctn_coef) AS hi FROM steps GROUP BY 1 ORDER BY 1"
+        )
+        actions = runs.sql(
+            "SELECT step, value, message FROM alerts WHERE detector = 'ctn_coef' ORDER BY step"
+        )
+        clip = runs.sql("SELECT avg(ctn_clip_frac) FROM steps GROUP BY iteration").column(0).to_pylist()
+    coefs, actions = coefs.to_pylist(), actions.to_pylist()
+    assert all(r["lo"] == r["hi"] for r in coefs)  # one λ per rollout batch
+    assert [r["lo"] for r in coefs] == [1.0, 2.0, 4.0, 4.0]  # doubled twice, then held at ctn_coef_max
+    assert [r["value"] for r in actions] == [2.0, 4.0] and "target" in actions[0]["message"]
+    assert min(clip) > 1.5e-4  # what the controller saw: each batch's mean clip fraction, above the band
+
+
+def test_warmup_raises_the_learning_rate_linearly_then_anneal_decays_it():
+    from sorl_monitor.trainer.train import learning_rate
+
+    cfg = TrainConfig(lr=1e-3, iterations=8, warmup_iterations=4)
+    assert [learning_rate(cfg, i) for i in range(6)] == pytest.approx(
+        [2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3]
+    )
+    cfg.anneal_lr = True
+    assert learning_rate(cfg, 4) == pytest.approx(1e-3 * 0.5)
