@@ -100,7 +100,7 @@ def measure(run_dir: Path, variant: str, setting: str, seed: int, seconds: float
 
 def finished(run_dir: Path) -> bool:
     try:
-        return json.loads((run_dir / "run.json").read_text()).get("status") not in (None, "running")
+        return json.loads((run_dir / "run.json").read_text()).get("status") in ("finished", "diverged")
     except (OSError, ValueError):
         return False
 
