@@ -246,12 +246,16 @@ def test_token_level_ctn_multiplies_the_token_clip_fraction_even_for_a_turn_rati
     logp[0, 1], logp[0, 2] = 1.0, -1.0
     batch = minibatch(logp, torch.zeros(2, 9), old)
     algo = get_algorithm("so_ppo")
-    surrogate = algo.loss(output(logp), batch, LossSettings(), ctn_coef=1.0)
-    token = algo.loss(output(logp), batch, LossSettings(ctn_clip_level="token"), ctn_coef=1.0)
+    surrogate = algo.loss(output(logp), batch, LossSettings(turn_ratio="mean"), ctn_coef=1.0)
+    token = algo.loss(
+        output(logp), batch, LossSettings(turn_ratio="mean", ctn_clip_level="token"), ctn_coef=1.0
+    )
     assert float(surrogate.clip_frac) == pytest.approx(2 / 10)  # the turn's 2 tokens, of 10 agent tokens
     assert float(token.clip_frac) == pytest.approx(2 / 10)
     logp[0, 2] = 0.1  # now the turn mean is (e + e^0.1)/2 = 1.91: still clipped; token 2 inside alone
     batch = minibatch(logp, torch.zeros(2, 9), old)
-    assert float(algo.loss(output(logp), batch, LossSettings(), 1.0).clip_frac) == pytest.approx(2 / 10)
-    token = algo.loss(output(logp), batch, LossSettings(ctn_clip_level="token"), 1.0)
+    assert float(
+        algo.loss(output(logp), batch, LossSettings(turn_ratio="mean"), 1.0).clip_frac
+    ) == pytest.approx(2 / 10)
+    token = algo.loss(output(logp), batch, LossSettings(turn_ratio="mean", ctn_clip_level="token"), 1.0)
     assert float(token.clip_frac) == pytest.approx(1 / 10)

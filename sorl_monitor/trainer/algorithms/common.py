@@ -55,14 +55,14 @@ class LossSettings:
     vf_coef: float = 0.5
     ent_coef: float = 0.0
     kl_ref_coef: float = 0.0
-    turn_ratio: str = "mean"
+    turn_ratio: str = "geomean"
     gamma: float = 1.0
     gae_lambda: float = 1.0
     whiten: bool = True
-    dual_clip: float | None = None
+    dual_clip: float | None = 3.0
+    """Dual-clip bound ``c`` (> 1) on negative-advantage tokens; None: off. (Defaults as ``TrainConfig``'s.)"""
     ctn_clip_level: str = "surrogate"
     """Whose clip fraction CTN multiplies: the surrogate's ratio ρ | ``token`` (r_t whatever ρ is)."""
-    """Dual-clip bound ``c`` (> 1) on negative-advantage tokens; None: off."""
     ctn_anchor: str = "behaviour"
     """The policy CTN's KL pulls back to: ``behaviour`` (π_old, which made the rollout) or ``proximal``
     (π_prox, the learner when this batch's updates began; the same policy when rollouts are fresh)."""
