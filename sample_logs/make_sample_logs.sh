@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates sample_logs/: real runs of the bundled trainer (default off-policy setting: lr 1e-3,
-# 4 epochs × 4 mini-batches, rollouts 4 iterations stale), turn rows of each iteration's first update.
+# 4 epochs × 4 mini-batches, rollouts 4 iterations stale, dual-clip 3, geometric-mean turn ratio),
+# turn rows of each iteration's first update.
 # Usage: sample_logs/make_sample_logs.sh   (from the repository root, after `make install`)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,12 +10,12 @@ OUT=sample_logs
 ITERS=${ITERS:-80}
 PPO_SEED=${PPO_SEED:-0}
 GRPO_SEED=${GRPO_SEED:-0}
-rm -rf "$OUT"/token-ppo "$OUT"/so-ppo "$OUT"/ppo-auto-ctn "$OUT"/grpo "$OUT"/so-grpo
+rm -rf "$OUT"/token-ppo "$OUT"/so-ppo "$OUT"/so-ppo-auto-ctn "$OUT"/ppo-auto-ctn "$OUT"/grpo "$OUT"/so-grpo
 common=(--steps "$ITERS" --log-dir "$OUT" --log-turns first --quiet)
 # exit status 3 = the run collapsed: expected for some of these, so it is not an error here
 run() { "$SORL" train "$@" "${common[@]}" || [ $? -eq 3 ]; }
 run --algo ppo --seed "$PPO_SEED" --run-name token-ppo &
-run --algo so_ppo --seed "$PPO_SEED" --run-name so-ppo &
+run --algo so_ppo --ctn auto --seed "$PPO_SEED" --run-name so-ppo-auto-ctn &
 wait
 run --algo ppo --ctn auto --seed "$PPO_SEED" --run-name ppo-auto-ctn &
 run --algo grpo --seed "$GRPO_SEED" --run-name grpo &

@@ -234,7 +234,7 @@ def sample_dashboard(tmp_path_factory, browser) -> Iterator[tuple[subprocess.Pop
 def test_a_truncated_part_is_named_on_the_page_with_its_reason(sample_dashboard, browser):
     _, port, victim, _ = sample_dashboard
     page = browser.new_page(viewport={"width": 1600, "height": 1000})
-    page.goto(f"http://127.0.0.1:{port}/?runs=token-ppo&runs=so-ppo")
+    page.goto(f"http://127.0.0.1:{port}/?runs=token-ppo&runs=so-ppo-auto-ctn")
     drawn_chart(page, "overview")
     warning = page.get_by_text("could not be read and is left out").first
     warning.wait_for(timeout=30_000)
