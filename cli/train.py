@@ -208,7 +208,7 @@ def demo_command(
             console.print(f"{name}, update {step}: {reason}", highlight=False)
     table = Table(title="Post-mortems")
     for column in ("run", "peak", "final", "collapse", "alarm", "lead", "CTN on", "root cause"):
-        table.add_column(column, no_wrap=column in ("run", "collapse"))
+        table.add_column(column, no_wrap=column in ("run", "collapse"), overflow="fold")
     remedies = {}
     for name in DEMO_RUNS:
         result = results[name]
