@@ -597,12 +597,8 @@ class ArrowDetector:
         self._con.register("steps", with_columns(steps.select(wanted), self.columns))
         params = {**self._params, **_window_params(self.config, run_id, after_step)}
         try:
-            rows = self._con.execute(self.sql, {k: params[k] for k in self._params}).fetchall()
-            columns = list(zip(*rows, strict=True)) if rows else [()] * len(ALERT_COLUMNS)
-            return pa.Table.from_arrays(
-                [pa.array(column, f.type) for column, f in zip(columns, ALERT_COLUMNS, strict=True)],
-                schema=ALERT_COLUMNS,
-            )
+            result = self._con.execute(self.sql, {k: params[k] for k in self._params}).to_arrow_table()
+            return result.rename_columns(ALERT_COLUMNS.names).cast(ALERT_COLUMNS)
         finally:
             self._con.unregister("steps")
 
