@@ -147,16 +147,19 @@ def conform(table: str, data: pa.Table) -> pa.Table:
     Writing the full known schema in every part keeps every query valid whatever a trainer logs.
     """
     schema = SCHEMAS[table]
+    given = dict(zip(data.column_names, data.columns, strict=True))  # one name lookup per column
+    if len(given) < data.num_columns:
+        raise KeyError(f"{table}: a column name occurs twice in {data.column_names}")
     columns, fields = [], []
     for field in schema:
-        if field.name in data.column_names:
-            column = data.column(field.name)
+        column = given.get(field.name)
+        if column is not None:
             columns.append(column if column.type == field.type else column.cast(field.type, safe=False))
         else:
             columns.append(pa.nulls(data.num_rows, field.type))
         fields.append(field)
-    for name in sorted(set(data.column_names) - set(schema.names)):
-        column = data.column(name)
+    for name in sorted(given.keys() - set(schema.names)):
+        column = given[name]
         if (
             pa.types.is_null(column.type)
             or pa.types.is_integer(column.type)

@@ -13,6 +13,7 @@ merging parts never delays a flush.
 from __future__ import annotations
 
 import collections
+import contextlib
 import fcntl
 import json
 import math
@@ -449,26 +450,28 @@ class ParquetStreamWriter:
 
     def _merge(self, parts: list[_Part], path: Path) -> int:
         """Write the rows of ``parts`` to ``path`` all or nothing, ``MERGE_ROWS`` rows in memory at a time;
-        returns the row count."""
-        schema = pa.unify_schemas([pq.read_schema(p.path) for p in parts], promote_options="permissive")
-        exact = _non_float_columns(schema)
+        returns the row count. Each part is opened (its footer read) once and decoded on this thread alone
+        (no Arrow thread pool taking the trainer's cores)."""
         tmp = path.with_name(path.name + ".tmp")
         rows, held, held_rows = 0, [], 0
         try:
-            with pq.ParquetWriter(
-                tmp, schema, compression=self.compression, write_statistics=exact, use_dictionary=exact
-            ) as out:
-                for part in parts:
-                    with pq.ParquetFile(part.path) as source:
-                        for batch in source.iter_batches(batch_size=MERGE_ROWS):
-                            held.append(_aligned(batch, schema))
+            with contextlib.ExitStack() as opened:
+                sources = [opened.enter_context(pq.ParquetFile(part.path)) for part in parts]
+                schema = pa.unify_schemas([s.schema_arrow for s in sources], promote_options="permissive")
+                exact = _non_float_columns(schema)
+                with pq.ParquetWriter(
+                    tmp, schema, compression=self.compression, write_statistics=exact, use_dictionary=exact
+                ) as out:
+                    for source in sources:
+                        for batch in source.iter_batches(batch_size=MERGE_ROWS, use_threads=False):
+                            held.append(batch if batch.schema == schema else _aligned(batch, schema))
                             held_rows += batch.num_rows
                             if held_rows >= MERGE_ROWS:
                                 out.write_table(pa.Table.from_batches(held), row_group_size=held_rows)
                                 rows, held, held_rows = rows + held_rows, [], 0
-                if held:
-                    out.write_table(pa.Table.from_batches(held), row_group_size=held_rows)
-                    rows += held_rows
+                    if held:
+                        out.write_table(pa.Table.from_batches(held), row_group_size=held_rows)
+                        rows += held_rows
             os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)
