@@ -1,9 +1,9 @@
 """The algorithms, as data: which ratio the surrogate uses, whether there is a critic, whether CTN is on
 by default, and the advantage estimator. Every loss is ``common.surrogate_loss``:
 
-    ρ     = r_t = π_θ(y_t)/π_old(y_t)  (token level)   or   w̄_k = mean_{t∈k} r_t  (turn level;
-            ``turn_ratio="geomean"``: exp(mean_{t∈k} log r_t))
-    L_pg  = −mean_t min(ρ A, clip(ρ, 1−ε_low, 1+ε_high) A)
+    ρ     = r_t = π_θ(y_t)/π_old(y_t)  (token level)   or   w̄_k = exp(mean_{t∈k} log r_t)  (turn level,
+            the default ``turn_ratio="geomean"``; ``"mean"``: mean_{t∈k} r_t, the design notes' form)
+    L_pg  = −mean_t min(ρ A, clip(ρ, 1−ε_low, 1+ε_high) A), and where A < 0 at least c·A (dual-clip, c = 3)
     L     = L_pg [+ c_v · ½ mean_t (V(s_t) − G_t)²  with a critic]
                [+ λ · clip_frac(ρ) · mean_t (r_t − 1 − log r_t)  when CTN is on]
                [− c_H · H]  [+ β · KL(π_θ‖π_ref)]

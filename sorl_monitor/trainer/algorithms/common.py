@@ -158,8 +158,8 @@ def clipped_surrogate(
     """PPO's ``−mean_t min(ρ_t A_t, clip(ρ_t, 1−ε_low, 1+ε_high) A_t)`` over agent tokens.
 
     Dual-clip (Ye et al. 2020; verl's ``clip_ratio_c``): where ``A_t < 0`` the objective is also bounded
-    below by ``c · A_t``, i.e. ``max(min(ρ A, clip(ρ) A), c A)``, so a token (or turn) whose ratio ran far
-    above ``1+ε`` on a negative advantage pushes with weight ``c`` at most, not ``ρ``.
+    below by ``c · A_t``, i.e. ``max(min(ρ A, clip(ρ) A), c A)``, so a token (or turn) whose ratio ran past
+    ``c`` on a negative advantage gets no gradient instead of one weighted by ``ρ``.
     """
     unclipped = ratio * advantages
     clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * advantages
