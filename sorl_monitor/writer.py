@@ -138,11 +138,13 @@ class ParquetStreamWriter:
     same run and rank, in this process or another, writes nothing and says why in ``refused`` (its rows
     are counted as dropped) instead of overwriting the first one's parts.
 
-    Compaction keeps a long run's file count small: once ``compact_parts`` parts of fewer than
-    ``compact_rows`` rows have piled up, a compaction thread rewrites them as one ``part-A-B.parquet``,
-    reading one row group at a time (then the originals are deleted; readers skip parts inside a
-    compacted range, so nothing is read twice); ``close()`` compacts whatever small parts are left.
-    ``compact_parts=0`` turns compaction off.
+    Compaction keeps a long run's file count small: once ``compact_parts`` parts of one level (a flush's
+    part is level 0, a merge of level-``k`` parts is level ``k + 1``) and fewer than ``compact_rows`` rows
+    each have piled up, a compaction thread rewrites them as one ``part-A-B.parquet``, reading one row
+    group at a time (then the originals are deleted; readers skip parts inside a compacted range, so
+    nothing is read twice). Merging by level (as a log-structured store does) writes each row about
+    ``log_{compact_parts}(flushes)`` times, not once per compaction; ``close()`` compacts whatever small
+    parts are left into one. ``compact_parts=0`` turns compaction off.
     """
 
     def __init__(
@@ -346,7 +348,7 @@ class ParquetStreamWriter:
         with self._parts_lock:
             parts = self._written_parts.setdefault(table, [])
             parts.append(_Part(number, number, n_rows, path))
-            due = self._small_tail(parts) >= self.compact_parts > 0
+            due = self.compact_parts > 0 and self._due_run(parts) is not None
         if due:
             self._compact_due.set()
 
@@ -394,12 +396,30 @@ class ParquetStreamWriter:
             self._lock_fd = None
 
     # ------------------------------------------------------------------ compaction thread
-    def _small_tail(self, parts: list[_Part]) -> int:
-        """How many of the newest ``parts`` have fewer than ``compact_rows`` rows (call with the lock held)."""
-        small = 0
-        while small < len(parts) and parts[-1 - small].rows < self.compact_rows:
-            small += 1
-        return small
+    def _due_run(self, parts: list[_Part], force: bool = False) -> tuple[int, int] | None:
+        """``(start, end)`` of the parts to merge next, or None (call with the lock held).
+
+        Levels never rise from older to newer parts, so each level's parts sit in a row; a level is due
+        once ``compact_parts`` of its parts (each under ``compact_rows`` rows) are there, the lowest first.
+        With ``force`` (at close): the trailing parts under ``compact_rows`` rows whatever their level,
+        once there are two.
+        """
+        end = len(parts)
+        if force:
+            start = end
+            while start > 0 and parts[start - 1].rows < self.compact_rows:
+                start -= 1
+            return (start, end) if end - start >= 2 else None
+        while end > 0:
+            level, start = parts[end - 1].level, end
+            while start > 0 and parts[start - 1].level == level and parts[start - 1].rows < self.compact_rows:
+                start -= 1
+            if end - start >= self.compact_parts:
+                return start, end
+            if start == end:  # the newest part is already large: nothing older is small
+                return None
+            end = start
+        return None
 
     def _stop_compactor(self) -> None:
         """Let the compaction thread end: after merging the leftovers when compacting at close."""
@@ -418,35 +438,36 @@ class ParquetStreamWriter:
             if stopping and not self._compact_at_close:
                 return
             for table in list(self._written_parts):
-                self._compact(table, force=stopping)
+                while self._compact(table, force=stopping):  # a merge can make the next level due
+                    pass
             if stopping:
                 return
 
-    def _compact(self, table: str, force: bool = False) -> None:
-        """Rewrite the trailing small parts this writer wrote as one ``part-A-B.parquet``, then delete them.
-
-        Small parts (< ``compact_rows`` rows) are always the newest ones, so their flush numbers are
-        contiguous. Runs once ``compact_parts`` of them exist, or with ``force`` once there are two.
-        A failure leaves the parts as they were (nothing is lost) and is recorded in ``last_error``.
+    def _compact(self, table: str, force: bool = False) -> bool:
+        """Rewrite the run of parts ``_due_run`` names as one ``part-A-B.parquet``, then delete them; True
+        if it did. The parts of a run hold contiguous flush numbers. A failure leaves the parts as they
+        were (nothing is lost) and is recorded in ``last_error``.
         """
         with self._parts_lock:
             parts = self._written_parts.get(table, [])
-            small = self._small_tail(parts)
-            if small < (2 if force else self.compact_parts):
-                return
-            merged_parts = parts[-small:]
+            run = self._due_run(parts, force)
+            if run is None:
+                return False
+            merged_parts = parts[run[0] : run[1]]
         first, last = merged_parts[0].first, merged_parts[-1].last
         path = merged_parts[0].path.with_name(f"part-{first:06d}-{last:06d}.parquet")
         try:
             rows = self._merge(merged_parts, path)
         except Exception as error:  # noqa: BLE001 - compaction is an optimisation; the parts stay readable
             self._error = f"{table}: compaction failed: {type(error).__name__}: {error}"
-            return
+            return False
+        level = 1 + max(part.level for part in merged_parts)
         with self._parts_lock:  # the writer appended meanwhile; the merged ones are still in a row
             at = next(i for i, part in enumerate(parts) if part is merged_parts[0])
-            parts[at : at + len(merged_parts)] = [_Part(first, last, rows, path)]
+            parts[at : at + len(merged_parts)] = [_Part(first, last, rows, path, level)]
         for part in merged_parts:
             part.path.unlink(missing_ok=True)
+        return True
 
     def _merge(self, parts: list[_Part], path: Path) -> int:
         """Write the rows of ``parts`` to ``path`` all or nothing, ``MERGE_ROWS`` rows in memory at a time;
@@ -494,12 +515,14 @@ def _aligned(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
 
 @dataclass
 class _Part:
-    """A part file this writer wrote: the flush numbers it holds, its rows and its path."""
+    """A part file this writer wrote: the flush numbers it holds, its rows, its path and its merge level
+    (0: written by one flush; ``k + 1``: merged from level-``k`` parts)."""
 
     first: int
     last: int
     rows: int
     path: Path
+    level: int = 0
 
 
 def _non_float_columns(schema: pa.Schema) -> list[str]:

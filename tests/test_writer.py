@@ -144,6 +144,28 @@ def test_small_parts_are_compacted_and_every_row_is_read_once(tmp_path):
         assert runs.sql("SELECT step FROM steps ORDER BY step").column(0).to_pylist() == list(range(10))
 
 
+def test_compaction_merges_by_level_so_each_row_is_rewritten_a_few_times_not_once_per_merge(tmp_path):
+    merged_rows = []
+
+    class CountingWriter(ParquetStreamWriter):
+        def _merge(self, parts, path):
+            rows = super()._merge(parts, path)
+            merged_rows.append(rows)
+            return rows
+
+    writer = CountingWriter(tmp_path, compact_parts=4)
+    for step in range(64):
+        writer.submit("steps", [{"step": step}], 1)
+        assert writer.flush()
+    writer.close()
+    # levels of 4 parts: a row is merged into ≥ 4-, ≥ 16- and ≥ 64-row parts, then at most once at close;
+    # merging the growing merged part with every 3 new ones instead rewrites ≈ 64² / 6 rows
+    assert sum(merged_rows) <= 4 * 64
+    assert [p.name for p in parts(tmp_path)] == ["part-000000-000063.parquet"]
+    with open_runs(tmp_path) as runs:
+        assert runs.sql("SELECT step FROM steps ORDER BY step").column(0).to_pylist() == list(range(64))
+
+
 def test_a_compacted_part_hides_the_parts_it_replaced_in_its_own_folder_only():
     folder0, folder1 = "run/steps/rank=0", "run/steps/rank=1"
     listed = [

@@ -1,0 +1,97 @@
+"""Compaction's write amplification on a long run, measured in one run (not a test).
+
+The writer merges part files by level (``compact_parts`` parts of one level become one part of the next).
+Before, a merged part under ``compact_rows`` rows counted as one of the next ``compact_parts`` small
+parts, so every compaction rewrote the whole growing merged file. Both rules run here on the same
+flushes (the old one emulated by overriding ``_due_run``): rows rewritten per row logged, compaction
+time, and the part files left at the end.
+
+    python benchmarks/bench_compaction.py [--flushes 2048] [--rows 200] [--compact-parts 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from sorl_monitor.query import open_runs
+from sorl_monitor.writer import ParquetStreamWriter
+
+
+class MeasuredWriter(ParquetStreamWriter):
+    """The writer, counting the rows and seconds its merges take."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.merged_rows = 0
+        self.merge_seconds = 0.0
+
+    def _merge(self, parts, path):
+        started = time.perf_counter()
+        rows = super()._merge(parts, path)
+        self.merge_seconds += time.perf_counter() - started
+        self.merged_rows += rows
+        return rows
+
+
+class GrowingMergeWriter(MeasuredWriter):
+    """The previous rule: the trailing parts under ``compact_rows`` rows, whatever their level."""
+
+    def _due_run(self, parts, force=False):
+        start = len(parts)
+        while start > 0 and parts[start - 1].rows < self.compact_rows:
+            start -= 1
+        return (start, len(parts)) if len(parts) - start >= (2 if force else self.compact_parts) else None
+
+
+def run(cls: type[MeasuredWriter], folder: Path, flushes: int, rows: int, compact_parts: int) -> dict:
+    rng = np.random.default_rng(0)
+    writer = cls(folder, compact_parts=compact_parts, flush_interval_s=3600)
+    started = time.perf_counter()
+    for flush in range(flushes):
+        steps = np.arange(flush * rows, (flush + 1) * rows)
+        columns = {"step": steps, **{f"m{i}": rng.standard_normal(rows) for i in range(40)}}
+        writer.submit("steps", columns, rows)
+        writer.flush()
+    writer.close()
+    seconds = time.perf_counter() - started
+    with open_runs(folder) as runs:
+        read = runs.sql("SELECT count(*), count(DISTINCT step) FROM steps").to_pylist()[0]
+    files = len(list((folder / "steps" / "rank=0").glob("part-*.parquet")))
+    return {"rewritten": writer.merged_rows / (flushes * rows), "merge_s": writer.merge_seconds,
+            "total_s": seconds, "files": files, "rows_read": read}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--flushes", type=int, default=2048)
+    parser.add_argument("--rows", type=int, default=200, help="rows per flush (41 columns)")
+    parser.add_argument("--compact-parts", type=int, default=32)
+    args = parser.parse_args()
+    total = args.flushes * args.rows
+    print(f"{args.flushes} flushes × {args.rows} rows = {total:,} rows, compact_parts={args.compact_parts}")
+    results = {}
+    for label, cls in (
+        ("growing merged part (before)", GrowingMergeWriter),
+        ("by level (now)", MeasuredWriter),
+    ):
+        with tempfile.TemporaryDirectory() as tmp:
+            results[label] = r = run(cls, Path(tmp) / "run", args.flushes, args.rows, args.compact_parts)
+        assert tuple(r["rows_read"].values()) == (total, total), r["rows_read"]
+        print(f"{label:<29} rows rewritten per row {r['rewritten']:6.2f}   merging {r['merge_s']:6.1f} s   "
+              f"end to end {r['total_s']:6.1f} s   files at the end {r['files']}")  # fmt: skip
+    before, now = results.values()
+    print(
+        f"ratio before / now: rows rewritten {before['rewritten'] / now['rewritten']:.1f}×, "
+        f"merge time {before['merge_s'] / now['merge_s']:.1f}×, end to end {before['total_s'] / now['total_s']:.2f}×"
+    )
+
+
+if __name__ == "__main__":
+    main()
