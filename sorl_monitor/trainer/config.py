@@ -37,6 +37,9 @@ class TrainConfig:
     ctn_coef_max: float = 64.0
     ctn_clip_level: str = "surrogate"
     """Whose clip fraction CTN multiplies: the surrogate's ratio (token, or turn w̄_k) | token (r_t always)."""
+    ctn_kl_cap: float | None = None
+    """Bound CTN's k3 gradient: beyond ``r = c`` (and below ``1/c``) the KL continues linearly in ``log r``;
+    None: plain k3 (gradient ``r − 1``, unbounded for stale ratios)."""
     ctn_quiet_updates: int = 256
     """auto: updates without a tripped detector before CTN goes off again. The detectors judge rises over a
     run's own quiet level, so they go quiet once a rise settles even though the drift remains; at 32,
@@ -144,6 +147,8 @@ class TrainConfig:
                 raise ValueError(f"{name} must be in [0, 1], not {value}")
         if self.dual_clip is not None and not 1 < self.dual_clip < math.inf:
             raise ValueError(f"dual_clip must be a finite number > 1, not {self.dual_clip}")
+        if self.ctn_kl_cap is not None and not 1 < self.ctn_kl_cap < math.inf:
+            raise ValueError(f"ctn_kl_cap must be a finite number > 1, not {self.ctn_kl_cap}")
         if self.ctn_target_clip is not None and not 0 < self.ctn_target_clip < 1:
             raise ValueError(f"ctn_target_clip must be in (0, 1), not {self.ctn_target_clip}")
         if not self.ctn_coef_max >= self.ctn_coef:

@@ -59,7 +59,7 @@ def loss_settings(cfg: TrainConfig) -> LossSettings:
         clip_eps=cfg.clip_eps, clip_eps_high=cfg.clip_eps if cfg.clip_eps_high is None else cfg.clip_eps_high,
         vf_coef=cfg.vf_coef, ent_coef=cfg.ent_coef, kl_ref_coef=cfg.kl_ref_coef, turn_ratio=cfg.turn_ratio,
         gamma=cfg.gamma, gae_lambda=cfg.gae_lambda, whiten=cfg.whiten, ctn_anchor=cfg.ctn_anchor,
-        dual_clip=cfg.dual_clip, ctn_clip_level=cfg.ctn_clip_level,
+        dual_clip=cfg.dual_clip, ctn_clip_level=cfg.ctn_clip_level, ctn_kl_cap=cfg.ctn_kl_cap,
     )  # fmt: skip
 
 

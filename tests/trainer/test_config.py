@@ -22,6 +22,7 @@ from sorl_monitor.trainer.config import TrainConfig, load_config
         ("log_turns", "some", "log_turns must be"),
         ("gamma", 2.0, "gamma must be"),
         ("ctn_anchor", "reference", "ctn_anchor must be"),
+        ("ctn_kl_cap", 1.0, "ctn_kl_cap must be"),
     ],
 )
 def test_bad_knobs_are_refused_before_training(field, value, message):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -259,3 +261,21 @@ def test_token_level_ctn_multiplies_the_token_clip_fraction_even_for_a_turn_rati
     ) == pytest.approx(2 / 10)
     token = algo.loss(output(logp), batch, LossSettings(turn_ratio="mean", ctn_clip_level="token"), 1.0)
     assert float(token.clip_frac) == pytest.approx(1 / 10)
+
+
+def test_capped_k3_is_k3_inside_the_cap_and_its_gradient_is_bounded_outside():
+    from sorl_monitor.metrics import kl_k3
+    from sorl_monitor.trainer.algorithms.common import kl_k3_capped
+
+    cap = 3.0
+    inside = torch.linspace(-1.0, 1.0, 9)  # |log r| ≤ log 3 ≈ 1.10
+    assert torch.allclose(kl_k3_capped(inside, cap), kl_k3(inside))
+    assert torch.equal(kl_k3_capped(inside, None), kl_k3(inside))
+    x = torch.tensor([-6.0, -2.0, 2.0, 6.0], requires_grad=True)
+    kl_k3_capped(x, cap).sum().backward()
+    assert torch.allclose(x.grad, torch.tensor([1 / cap - 1, 1 / cap - 1, cap - 1, cap - 1]))
+    # continuous at the cap, and still above plain k3's tangent line there (convex, ≥ 0)
+    edge = torch.tensor([math.log(cap) - 1e-4, math.log(cap) + 1e-4])
+    below, above = kl_k3_capped(edge, cap)
+    assert abs(float(above - below)) < 1e-3
+    assert (kl_k3_capped(torch.linspace(-8, 8, 101), cap) >= 0).all()

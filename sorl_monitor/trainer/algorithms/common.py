@@ -6,6 +6,7 @@ agent token (−1 elsewhere); per-episode tensors are ``(B,)``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -66,6 +67,9 @@ class LossSettings:
     ctn_anchor: str = "behaviour"
     """The policy CTN's KL pulls back to: ``behaviour`` (π_old, which made the rollout) or ``proximal``
     (π_prox, the learner when this batch's updates began; the same policy when rollouts are fresh)."""
+    ctn_kl_cap: float | None = None
+    """Cap ``c`` (> 1) on the gradient of CTN's k3: outside ``1/c ≤ r ≤ c`` it continues linearly in ``log r``
+    (``kl_k3_capped``); None: plain k3, whose gradient ``r − 1`` is unbounded for stale ratios."""
 
 
 # ------------------------------------------------------------------ advantages
@@ -181,7 +185,7 @@ def ctn_penalty(
     frac = clip_fraction(ratio.detach(), mask, s.clip_eps, s.clip_eps_high)["total"]
     if coef == 0.0:
         return torch.zeros((), device=ratio.device), frac
-    return coef * frac * masked_mean(kl_k3(log_ratio), mask), frac
+    return coef * frac * masked_mean(kl_k3_capped(log_ratio, s.ctn_kl_cap), mask), frac
 
 
 def ctn_log_ratio(logp: Tensor, behaviour_log_ratio: Tensor, batch: Minibatch, s: LossSettings) -> Tensor:
@@ -192,6 +196,19 @@ def ctn_log_ratio(logp: Tensor, behaviour_log_ratio: Tensor, batch: Minibatch, s
     if batch.prox_logp is None:
         raise ValueError("ctn_anchor='proximal' needs the minibatch's prox_logp (π_prox log-probs)")
     return token_log_ratio(logp, batch.prox_logp)
+
+
+def kl_k3_capped(log_ratio: Tensor, cap: float | None) -> Tensor:
+    """Schulman's k3 ``r − 1 − log r`` for ``|log r| ≤ log c``, continued by its tangent beyond, so its gradient
+    in ``log r`` is ``r − 1`` inside and ``c − 1`` (or ``1/c − 1``) outside (our bounded form; None: plain k3)::
+
+        x̂ = clamp(log r, −log c, log c);  KL = k3(x̂) + (e^x̂ − 1)(log r − x̂)
+    """
+    if cap is None:
+        return kl_k3(log_ratio)
+    bound = math.log(cap)
+    inside = log_ratio.clamp(-bound, bound)
+    return kl_k3(inside) + (inside.exp() - 1.0) * (log_ratio - inside)
 
 
 def value_loss(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:
