@@ -3,8 +3,8 @@
 The writer merges part files by level (``compact_parts`` parts of one level become one part of the next).
 Before, a merged part under ``compact_rows`` rows counted as one of the next ``compact_parts`` small
 parts, so every compaction rewrote the whole growing merged file. Both rules run here on the same
-flushes (the old one emulated by overriding ``_due_run``): rows rewritten per row logged, compaction
-time, and the part files left at the end.
+flushes (the old one emulated by overriding ``_due_run``), each merge finishing before the next flush
+as in a real run: rows rewritten per row logged, compaction time, and the part files left at the end.
 
     python benchmarks/bench_compaction.py [--flushes 2048] [--rows 200] [--compact-parts 32]
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -23,12 +24,34 @@ from sorl_monitor.writer import ParquetStreamWriter
 
 
 class MeasuredWriter(ParquetStreamWriter):
-    """The writer, counting the rows and seconds its merges take."""
+    """The writer, counting the rows and seconds its merges take; ``settle()`` waits until no merge is due
+    or running, as in a real run, where a merge ends long before the next is due (flushes 2 s apart)."""
 
     def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
         self.merged_rows = 0
         self.merge_seconds = 0.0
+        self.idle = threading.Event()
+        self.idle.set()
+        super().__init__(*args, **kwargs)
+
+    def _compact_loop(self) -> None:
+        while True:
+            self._compact_due.wait()
+            self.idle.clear()  # before the due flag clears, so settle() never sees neither
+            self._compact_due.clear()
+            stopping = self._stopping
+            if stopping and not self._compact_at_close:
+                return
+            for table in list(self._written_parts):
+                while self._compact(table, force=stopping):
+                    pass
+            self.idle.set()
+            if stopping:
+                return
+
+    def settle(self) -> None:
+        while self._compact_due.is_set() or not self.idle.is_set():
+            time.sleep(0.0005)
 
     def _merge(self, parts, path):
         started = time.perf_counter()
@@ -57,6 +80,7 @@ def run(cls: type[MeasuredWriter], folder: Path, flushes: int, rows: int, compac
         columns = {"step": steps, **{f"m{i}": rng.standard_normal(rows) for i in range(40)}}
         writer.submit("steps", columns, rows)
         writer.flush()
+        writer.settle()
     writer.close()
     seconds = time.perf_counter() - started
     with open_runs(folder) as runs:
