@@ -274,7 +274,7 @@ def test_capped_k3_is_k3_inside_the_cap_and_its_gradient_is_bounded_outside():
     x = torch.tensor([-6.0, -2.0, 2.0, 6.0], requires_grad=True)
     kl_k3_capped(x, cap).sum().backward()
     assert torch.allclose(x.grad, torch.tensor([1 / cap - 1, 1 / cap - 1, cap - 1, cap - 1]))
-    # continuous at the cap, and still above plain k3's tangent line there (convex, ≥ 0)
+    # continuous at the cap, and ≥ 0 everywhere (like k3)
     edge = torch.tensor([math.log(cap) - 1e-4, math.log(cap) + 1e-4])
     below, above = kl_k3_capped(edge, cap)
     assert abs(float(above - below)) < 1e-3
