@@ -6,7 +6,7 @@
 A setting is ``name[:field=value,...]`` (``TrainConfig`` fields over the defaults; ``--set`` applies to
 every setting). A variant is ``algo[:turn_ratio][+ctn_mode][@field=value,...]``, e.g. ``ppo``,
 ``so_ppo:mean``, ``ppo+auto``, ``ppo@dual_clip=none``. One run per process (``--jobs`` processes, one thread each); runs already finished under
-``--log-dir`` are read back instead of retrained. Prints one line per run, then a table per setting:
+``--log-dir`` with the same settings are read back instead of retrained. Prints one line per run, then a table per setting:
 
 * collapsed: the post-mortem's label (reward below half its peak for 64+ updates, not recovered);
 * held: the run's reward (moving average over 5 iterations) never fell below 0.7 × its peak after its
@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 DEFAULT_VARIANTS = ("ppo", "ppo@dual_clip=none", "so_ppo", "so_ppo+auto", "ppo+auto")
-DEFAULT_SETTINGS = ("default", "milder:lr=5e-4", "harsher:staleness=8")
+DEFAULT_SETTINGS = ("default", "milder:lr=3e-4", "harsher:staleness=8")
 HOLD_FRACTION = 0.7
 HOLD_AFTER = 10  # iterations
 MA = 5  # iterations
@@ -98,28 +98,43 @@ def measure(run_dir: Path, variant: str, setting: str, seed: int, seconds: float
             "seconds": seconds}  # fmt: skip
 
 
-def finished(run_dir: Path) -> bool:
+IGNORED_FIELDS = ("log_dir", "run_name", "threads", "warmstart_cache", "log_turns")
+"""Fields that do not change what a run learns: a finished run differing only in these is read back."""
+
+
+def reusable(run_dir: Path, config: dict) -> bool:
+    """True when ``run_dir`` finished with the same settings as ``config`` (a ``TrainConfig.to_dict()``).
+
+    A field the stored config lacks (a knob added later, whose default keeps the old behaviour) is not
+    compared; any other difference, e.g. a changed default, means the run is trained again.
+    """
     try:
-        return json.loads((run_dir / "run.json").read_text()).get("status") in ("finished", "diverged")
+        info = json.loads((run_dir / "run.json").read_text())
     except (OSError, ValueError):
         return False
+    stored = info.get("config") or {}
+    if info.get("status") not in ("finished", "diverged"):
+        return False
+    return all(stored[key] == value for key, value in json.loads(json.dumps(config)).items()
+               if key in stored and key not in IGNORED_FIELDS)  # fmt: skip
 
 
 def run_one(job: tuple[str, str, dict, int, int, str]) -> dict:
     variant, setting, overrides, seed, iterations, log_dir = job
     folder = Path(log_dir) / setting
     name = run_name(variant, seed)
-    if finished(folder / name):
-        return measure(folder / name, variant, setting, seed, float("nan"))
-    import shutil
-
     from sorl_monitor.trainer.config import TrainConfig, with_settings
-    from sorl_monitor.trainer.train import train
 
-    shutil.rmtree(folder / name, ignore_errors=True)  # an unfinished run is trained again
     cfg = TrainConfig(seed=seed, iterations=iterations, log_dir=str(folder), run_name=name, log_turns="first")
     fields = {**overrides, **parse_variant(variant)}
     cfg = with_settings(cfg, [f"{key}={value}" for key, value in fields.items()])
+    if reusable(folder / name, cfg.to_dict()):
+        return measure(folder / name, variant, setting, seed, float("nan"))
+    import shutil
+
+    from sorl_monitor.trainer.train import train
+
+    shutil.rmtree(folder / name, ignore_errors=True)  # an unfinished or differently-set run is trained again
     result = train(cfg)
     return measure(result.run_dir, variant, setting, seed, result.seconds)
 
