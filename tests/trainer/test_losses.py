@@ -71,7 +71,7 @@ def test_turn_ratio_is_the_masked_mean_or_geometric_mean_per_turn():
 
 
 def test_ctn_penalty_is_zero_without_clipping_and_grows_with_the_clip_fraction():
-    settings = LossSettings(clip_eps=0.2, clip_eps_high=0.2)
+    settings = LossSettings(clip_eps=0.2, clip_eps_high=0.2, ctn_kl_cap=None)  # plain k3 (the cap: below)
     mask = torch.ones(1, 10)
     penalties = []
     for n_clipped in range(0, 11, 2):

@@ -67,7 +67,7 @@ class LossSettings:
     ctn_anchor: str = "behaviour"
     """The policy CTN's KL pulls back to: ``behaviour`` (π_old, which made the rollout) or ``proximal``
     (π_prox, the learner when this batch's updates began; the same policy when rollouts are fresh)."""
-    ctn_kl_cap: float | None = None
+    ctn_kl_cap: float | None = 3.0
     """Cap ``c`` (> 1) on the gradient of CTN's k3: outside ``1/c ≤ r ≤ c`` it continues linearly in ``log r``
     (``kl_k3_capped``); None: plain k3, whose gradient ``r − 1`` is unbounded for stale ratios."""
 
