@@ -207,9 +207,9 @@ def demo_command(
         for step, _, reason in results[name]["switches"][:3]:
             console.print(f"{name}, update {step}: {reason}", highlight=False)
     table = Table(title="Post-mortems")
-    for column in ("run", "peak", "final", "collapse", "alarm", "lead", "CTN on", "root cause"):
-        table.add_column(column, no_wrap=column in ("run", "collapse"), overflow="fold")
-    remedies = {}
+    for column in ("run", "peak", "final", "collapse", "alarm", "lead", "CTN on"):
+        table.add_column(column, no_wrap=True)
+    remedies, causes = {}, {}
     for name in DEMO_RUNS:
         result = results[name]
         with open_runs(result["run_dir"]) as runs:
@@ -219,13 +219,16 @@ def demo_command(
             ).to_pylist()
         collapse = f"at {verdict.collapse_step}" if verdict.collapsed else "no"
         table.add_row(name, _fmt(result["peak"]), _fmt(result["final"]), collapse, _fmt(verdict.first_critical),
-                      _fmt(verdict.lead_time), f"{share[0]['s']:.0%}", verdict.root_cause or "—")  # fmt: skip
-        remedies[name] = verdict.remedy
+                      _fmt(verdict.lead_time), f"{share[0]['s']:.0%}")  # fmt: skip
+        remedies[name], causes[name] = verdict.remedy, verdict.root_cause
     console.print(table)
     console.print("(reward per rollout batch; final = mean of the last 5; steps are updates; alarm = first critical alert. "
                   "Collapse = the label: "
                   "reward moving average below half its peak for 64+ steps.)",
                   highlight=False)  # fmt: skip
+    for name, cause in causes.items():
+        if cause:
+            console.print(f"Root cause of {name}'s collapse: {cause}", highlight=False)
     if remedies["token-ppo"]:
         console.print(f"Remedy suggested for token-ppo: {remedies['token-ppo']}", highlight=False)
     console.print("One seed is one outcome: benchmarks/collapse_sweep.py measures rates over seeds (README, "
