@@ -8,7 +8,7 @@ context (no cache, no cookies: a viewer's first visit), and the overview counts 
 its chart (the browser's own clocks: the page's navigation start to the chart's first ``Plotly.react``
 done). Measured:
 
-* ``sample_logs/`` (five runs of the bundled trainer, 1,280 updates each), one run and all five overlaid;
+* ``sample_logs/`` (five runs of the bundled trainer, 1,600 updates each since 2026-11-24; 1,280 before), one run and all five overlaid;
 * a run of ~1 M turn rows written here by the real ``Monitor`` from random batches (64 episodes × 8 turns
   per update; the values are noise, the sizes and the Parquet layout are a real run's), the monitor left
   open so the run is live: the first viewer after the server started (every part read) and later viewers;
