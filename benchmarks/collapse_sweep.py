@@ -115,7 +115,8 @@ def reusable(run_dir: Path, config: dict) -> bool:
     stored = info.get("config") or {}
     if info.get("status") not in ("finished", "diverged"):
         return False
-    return all(stored[key] == value for key, value in json.loads(json.dumps(config)).items()
+    as_stored = json.loads(json.dumps(config))  # the config as run.json holds it (tuples as lists, …)
+    return all(stored[key] == value for key, value in as_stored.items()
                if key in stored and key not in IGNORED_FIELDS)  # fmt: skip
 
 

@@ -31,7 +31,7 @@ class TrainConfig:
     """off | on | auto; default: on for s_ppo / so_ppo / so_grpo, off otherwise."""
     ctn_coef: float = 32.0
     """λ of CTN: loss += λ · clip_fraction · KL_k3 (the starting and lowest λ when it adapts). The seed's
-    λ = 1 was too weak against 8-epoch reuse here (SO-PPO collapsed in 3 of 8 evaluation seeds)."""
+    λ = 1 was too weak against 8-epoch reuse here (tuning seeds 0–3: SO-PPO held its peak in 1 of 4)."""
     ctn_target_clip: float | None = 0.05
     """Adaptive λ: hold the clip fraction CTN multiplies near this target (λ doubles above 1.5× it, halves
     below it / 1.5, between ``ctn_coef`` and ``ctn_coef_max``, once per rollout batch); None: fixed λ."""
@@ -44,8 +44,8 @@ class TrainConfig:
     ctn_quiet_updates: int = 256
     """auto: updates without a tripped detector before CTN goes off again. The detectors judge rises over a
     run's own quiet level, so they go quiet once a rise settles even though the drift remains; at 32,
-    PPO + auto-CTN collapsed in 1 of 4 seeds of the default setting (final reward 0.49), at 256 in 0 of 4
-    (final 0.65)."""
+    PPO + auto-CTN collapsed in 1 of 4 seeds of the then default setting, lr 1e-3 with 4 × 4 reuse
+    (final reward 0.49), at 256 in 0 of 4 (final 0.65)."""
     ctn_anchor: str = "behaviour"
     """What CTN's KL pulls back to: behaviour (π_old, the rollout's policy: the seed's form) | proximal (the
     learner when the batch's updates began; differs from π_old only with stale rollouts)."""
