@@ -180,7 +180,8 @@ def ctn_penalty(
 
     ``clip_fraction`` (of ``ratio``, detached) is the share of agent tokens outside the trust region;
     ``KL = mean_t (r_t − 1 − log r_t)`` with ``log r_t = log_ratio`` (log π_θ − log π_anchor), Schulman's
-    k3 on the rollout's samples (bounded below by 0).
+    k3 on the rollout's samples (bounded below by 0); with ``s.ctn_kl_cap = c`` (3 by default) each token's
+    k3 continues along its tangent in ``log r`` beyond ``r = c`` and below ``1/c`` (``kl_k3_capped``).
     """
     frac = clip_fraction(ratio.detach(), mask, s.clip_eps, s.clip_eps_high)["total"]
     if coef == 0.0:
