@@ -102,11 +102,22 @@ IGNORED_FIELDS = ("log_dir", "run_name", "threads", "warmstart_cache", "log_turn
 """Fields that do not change what a run learns: a finished run differing only in these is read back."""
 
 
+def predates_knob_alike(key: str, value, stored: dict) -> bool:
+    """Whether a run stored before knob ``key`` existed trained as ``value`` makes a run train now."""
+    if key == "ctn_guard_every":  # before it, the auto-CTN guard looked once per rollout batch
+        from sorl_monitor.trainer.algorithms import get_algorithm
+
+        ctn_mode = stored.get("ctn") or get_algorithm(stored["algo"]).default_ctn
+        return ctn_mode != "auto" or value == stored["epochs"] * stored["minibatches"]
+    return True  # later knobs whose default keeps the old behaviour
+
+
 def reusable(run_dir: Path, config: dict) -> bool:
     """True when ``run_dir`` finished with the same settings as ``config`` (a ``TrainConfig.to_dict()``).
 
-    A field the stored config lacks (a knob added later, whose default keeps the old behaviour) is not
-    compared; any other difference, e.g. a changed default, means the run is trained again.
+    A field the stored config lacks (a knob added later) counts as equal when the run trained as the
+    knob's value would make it (``predates_knob_alike``); any other difference, e.g. a changed default,
+    means the run is trained again.
     """
     try:
         info = json.loads((run_dir / "run.json").read_text())
@@ -116,8 +127,8 @@ def reusable(run_dir: Path, config: dict) -> bool:
     if info.get("status") not in ("finished", "diverged"):
         return False
     as_stored = json.loads(json.dumps(config))  # the config as run.json holds it (tuples as lists, …)
-    return all(stored[key] == value for key, value in as_stored.items()
-               if key in stored and key not in IGNORED_FIELDS)  # fmt: skip
+    return all(stored[key] == value if key in stored else predates_knob_alike(key, value, stored)
+               for key, value in as_stored.items() if key not in IGNORED_FIELDS)  # fmt: skip
 
 
 def run_one(job: tuple[str, str, dict, int, int, str]) -> dict:

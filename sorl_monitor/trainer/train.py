@@ -157,11 +157,20 @@ def train(cfg: TrainConfig, progress: Progress | None = None) -> TrainResult:
                         log_turns=cfg.log_turns == "all" or (cfg.log_turns == "first" and first),
                     ) or last  # fmt: skip
                     step += 1
-                    batch_clip_fracs.append(terms.clip_frac)
+                    if ctn_active:  # what λ's controller judges: the updates CTN acted on
+                        batch_clip_fracs.append(terms.clip_frac)
                     if not torch.isfinite(terms.loss) or not torch.isfinite(grad_norm):
                         diverged = True
                         break
                     optimizer.step()
+                    last_of_batch = epoch == cfg.epochs - 1 and mb == cfg.minibatches - 1
+                    if guard is not None and (step % cfg.ctn_guard_every == 0 or last_of_batch):
+                        decision = guard.update(mon.recent_steps())
+                        if decision is not None:
+                            ctn_active = decision.ctn_on
+                            coef = ctn_coef if ctn_active else 0.0
+                            mon.log_alert(**decision.alert_fields())
+                            result.ctn_switches.append((decision.step, decision.ctn_on, decision.reason))
                 if diverged:
                     break
             history.append(copy.deepcopy(policy.state_dict()))
@@ -174,12 +183,6 @@ def train(cfg: TrainConfig, progress: Progress | None = None) -> TrainResult:
                     mon.log_alert("ctn_coef", "info", f"CTN λ → {ctn_coef:g}: clip fraction {mean_clip:.3f} "
                                   f"vs target {cfg.ctn_target_clip:g}", value=ctn_coef,
                                   threshold=cfg.ctn_target_clip, step=step - 1, kind="action")  # fmt: skip
-            if guard is not None:
-                decision = guard.update(mon.recent_steps())
-                if decision is not None:
-                    ctn_active = decision.ctn_on
-                    mon.log_alert(**decision.alert_fields())
-                    result.ctn_switches.append((decision.step, decision.ctn_on, decision.reason))
             report("train", iteration + 1, cfg.iterations,
                    {"reward": reward, "clip_frac": last.get("clip_frac", float("nan")),
                     "kl": last.get("kl_old_k3", float("nan")), "ctn": ctn_active})  # fmt: skip

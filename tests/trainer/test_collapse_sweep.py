@@ -44,6 +44,16 @@ def test_a_knob_added_after_the_run_is_not_compared(tmp_path):
     assert collapse_sweep.reusable(stored_run(tmp_path / "r", older), cfg)
 
 
+def test_an_auto_ctn_run_from_before_the_guard_looked_within_a_batch_is_trained_again(tmp_path):
+    for algo, ctn, reused in [("ppo", "auto", False), ("so_ppo", None, True), ("ppo", None, True)]:
+        cfg = TrainConfig(algo=algo, ctn=ctn, seed=3, iterations=5).to_dict()
+        old = {key: value for key, value in cfg.items() if key != "ctn_guard_every"}
+        assert collapse_sweep.reusable(stored_run(tmp_path / f"{algo}-{ctn}", old), cfg) is reused
+    once_per_batch = TrainConfig(algo="ppo", ctn="auto", ctn_guard_every=32).to_dict()
+    old = {key: value for key, value in once_per_batch.items() if key != "ctn_guard_every"}
+    assert collapse_sweep.reusable(stored_run(tmp_path / "per-batch", old), once_per_batch)
+
+
 def test_unfinished_or_unreadable_runs_are_trained_again(tmp_path):
     cfg = TrainConfig().to_dict()
     assert not collapse_sweep.reusable(stored_run(tmp_path / "a", cfg, status="running"), cfg)

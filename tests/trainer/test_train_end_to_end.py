@@ -113,3 +113,49 @@ def test_warmup_raises_the_learning_rate_linearly_then_anneal_decays_it():
     )
     cfg.anneal_lr = True
     assert learning_rate(cfg, 4) == pytest.approx(1e-3 * 0.5)
+
+
+class ScriptedGuard:
+    """A stand-in for ``CtnGuard`` that switches CTN on at its second look (and records each look's step)."""
+
+    looks: list[int] = []
+
+    def __init__(self, *args, **kwargs) -> None:
+        ScriptedGuard.looks = []
+
+    def update(self, recent_steps):
+        from sorl_monitor.guard import GuardDecision
+
+        last_step = max(recent_steps.column("step").to_pylist())
+        ScriptedGuard.looks.append(last_step)
+        if len(ScriptedGuard.looks) == 2:
+            return GuardDecision(True, last_step, "clip_rise", "warning", 4.0, 3.0, "CTN on: scripted")
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+def test_auto_ctn_switches_within_a_rollout_batch_and_lambda_judges_only_ctn_updates(tmp_path, monkeypatch):
+    import sorl_monitor.trainer.train as train_module
+
+    monkeypatch.setattr(train_module, "CtnGuard", ScriptedGuard)
+    # 2 epochs × 2 mini-batches = 4 updates per batch; the guard looks after every second update
+    cfg = tiny("ppo", tmp_path, ctn="auto", ctn_guard_every=2, ctn_target_clip=1e-4, ctn_coef=1.0,
+               ctn_coef_max=8.0, lr=1e-2)  # fmt: skip
+    train(cfg)
+    with open_runs(tmp_path) as runs:
+        active = runs.sql("SELECT step, ctn_active, ctn_coef FROM steps ORDER BY step").to_pylist()
+        actions = runs.sql("SELECT step, detector FROM alerts WHERE kind = 'action' ORDER BY step").to_pylist()
+    assert ScriptedGuard.looks == [1, 3, 5, 7]  # after updates 2, 4, 6, 8 (steps count from 0)
+    # switched on at the second look (after step 3, the end of batch 0): steps 4.. run with CTN
+    assert [row["ctn_active"] for row in active] == [False] * 4 + [True] * 4
+    assert actions[0] == {"step": 3, "detector": "ctn_on"}
+    # λ's controller judged batch 1 only (its CTN updates), doubling λ once: 1 → 2, logged after step 7
+    assert [a["detector"] for a in actions] == ["ctn_on", "ctn_coef"]
+    cfg2 = tiny("ppo", tmp_path / "mid", ctn="auto", ctn_guard_every=1)
+    train(cfg2)
+    assert ScriptedGuard.looks == list(range(8))
+    with open_runs(tmp_path / "mid") as runs:
+        active = runs.sql("SELECT ctn_active FROM steps ORDER BY step").column(0).to_pylist()
+    assert active == [False, False, True, True, True, True, True, True]  # on after the second update
