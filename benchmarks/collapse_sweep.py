@@ -108,7 +108,7 @@ def predates_knob_alike(key: str, value, stored: dict) -> bool:
         from sorl_monitor.trainer.algorithms import get_algorithm
 
         ctn_mode = stored.get("ctn") or get_algorithm(stored["algo"]).default_ctn
-        return ctn_mode != "auto" or value == stored["epochs"] * stored["minibatches"]
+        return ctn_mode != "auto" or value in (None, stored["epochs"] * stored["minibatches"])
     return True  # later knobs whose default keeps the old behaviour
 
 

@@ -164,7 +164,8 @@ def train(cfg: TrainConfig, progress: Progress | None = None) -> TrainResult:
                         break
                     optimizer.step()
                     last_of_batch = epoch == cfg.epochs - 1 and mb == cfg.minibatches - 1
-                    if guard is not None and (step % cfg.ctn_guard_every == 0 or last_of_batch):
+                    every = cfg.ctn_guard_every
+                    if guard is not None and (last_of_batch or (every is not None and step % every == 0)):
                         decision = guard.update(mon.recent_steps())
                         if decision is not None:
                             ctn_active = decision.ctn_on

@@ -44,14 +44,13 @@ def test_a_knob_added_after_the_run_is_not_compared(tmp_path):
     assert collapse_sweep.reusable(stored_run(tmp_path / "r", older), cfg)
 
 
-def test_an_auto_ctn_run_from_before_the_guard_looked_within_a_batch_is_trained_again(tmp_path):
-    for algo, ctn, reused in [("ppo", "auto", False), ("so_ppo", None, True), ("ppo", None, True)]:
-        cfg = TrainConfig(algo=algo, ctn=ctn, seed=3, iterations=5).to_dict()
+def test_an_auto_run_from_before_ctn_guard_every_is_retrained_only_if_it_would_differ(tmp_path):
+    cases = [("ppo", "auto", 4, False), ("ppo", "auto", None, True), ("ppo", "auto", 32, True),
+             ("so_ppo", None, 4, True), ("ppo", None, 4, True)]  # fmt: skip
+    for algo, ctn, every, reused in cases:
+        cfg = TrainConfig(algo=algo, ctn=ctn, ctn_guard_every=every, seed=3, iterations=5).to_dict()
         old = {key: value for key, value in cfg.items() if key != "ctn_guard_every"}
-        assert collapse_sweep.reusable(stored_run(tmp_path / f"{algo}-{ctn}", old), cfg) is reused
-    once_per_batch = TrainConfig(algo="ppo", ctn="auto", ctn_guard_every=32).to_dict()
-    old = {key: value for key, value in once_per_batch.items() if key != "ctn_guard_every"}
-    assert collapse_sweep.reusable(stored_run(tmp_path / "per-batch", old), once_per_batch)
+        assert collapse_sweep.reusable(stored_run(tmp_path / f"{algo}-{ctn}-{every}", old), cfg) is reused
 
 
 def test_unfinished_or_unreadable_runs_are_trained_again(tmp_path):

@@ -146,7 +146,9 @@ def test_auto_ctn_switches_within_a_rollout_batch_and_lambda_judges_only_ctn_upd
     train(cfg)
     with open_runs(tmp_path) as runs:
         active = runs.sql("SELECT step, ctn_active, ctn_coef FROM steps ORDER BY step").to_pylist()
-        actions = runs.sql("SELECT step, detector FROM alerts WHERE kind = 'action' ORDER BY step").to_pylist()
+        actions = runs.sql(
+            "SELECT step, detector FROM alerts WHERE kind = 'action' ORDER BY step"
+        ).to_pylist()
     assert ScriptedGuard.looks == [1, 3, 5, 7]  # after updates 2, 4, 6, 8 (steps count from 0)
     # switched on at the second look (after step 3, the end of batch 0): steps 4.. run with CTN
     assert [row["ctn_active"] for row in active] == [False] * 4 + [True] * 4
@@ -159,3 +161,5 @@ def test_auto_ctn_switches_within_a_rollout_batch_and_lambda_judges_only_ctn_upd
     with open_runs(tmp_path / "mid") as runs:
         active = runs.sql("SELECT ctn_active FROM steps ORDER BY step").column(0).to_pylist()
     assert active == [False, False, True, True, True, True, True, True]  # on after the second update
+    train(tiny("ppo", tmp_path / "default", ctn="auto"))
+    assert ScriptedGuard.looks == [3, 7]  # the default: once per rollout batch, after its last update
