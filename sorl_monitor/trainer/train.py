@@ -69,6 +69,16 @@ def learning_rate(cfg: TrainConfig, iteration: int) -> float:
     return cfg.lr * warmup * ((1.0 - iteration / cfg.iterations) if cfg.anneal_lr else 1.0)
 
 
+def guard_look(guard: CtnGuard, mon: Monitor, result: TrainResult, ctn_active: bool) -> bool:
+    """Let ``guard`` judge the monitor's recent updates; log a switch; return whether CTN is on now."""
+    decision = guard.update(mon.recent_steps())
+    if decision is None:
+        return ctn_active
+    mon.log_alert(**decision.alert_fields())
+    result.ctn_switches.append((decision.step, decision.ctn_on, decision.reason))
+    return decision.ctn_on
+
+
 def train(cfg: TrainConfig, progress: Progress | None = None) -> TrainResult:
     """Train with ``cfg`` (checked first), logging through a ``Monitor`` into ``cfg.log_dir``."""
     cfg.check()
@@ -165,13 +175,9 @@ def train(cfg: TrainConfig, progress: Progress | None = None) -> TrainResult:
                     optimizer.step()
                     last_of_batch = epoch == cfg.epochs - 1 and mb == cfg.minibatches - 1
                     every = cfg.ctn_guard_every
-                    if guard is not None and (last_of_batch or (every is not None and step % every == 0)):
-                        decision = guard.update(mon.recent_steps())
-                        if decision is not None:
-                            ctn_active = decision.ctn_on
-                            coef = ctn_coef if ctn_active else 0.0
-                            mon.log_alert(**decision.alert_fields())
-                            result.ctn_switches.append((decision.step, decision.ctn_on, decision.reason))
+                    if guard is not None and every is not None and step % every == 0 and not last_of_batch:
+                        ctn_active = guard_look(guard, mon, result, ctn_active)  # mid-batch
+                        coef = ctn_coef if ctn_active else 0.0
                 if diverged:
                     break
             history.append(copy.deepcopy(policy.state_dict()))
@@ -184,6 +190,8 @@ def train(cfg: TrainConfig, progress: Progress | None = None) -> TrainResult:
                     mon.log_alert("ctn_coef", "info", f"CTN λ → {ctn_coef:g}: clip fraction {mean_clip:.3f} "
                                   f"vs target {cfg.ctn_target_clip:g}", value=ctn_coef,
                                   threshold=cfg.ctn_target_clip, step=step - 1, kind="action")  # fmt: skip
+            if guard is not None:  # after λ's controller judged the batch
+                ctn_active = guard_look(guard, mon, result, ctn_active)
             report("train", iteration + 1, cfg.iterations,
                    {"reward": reward, "clip_frac": last.get("clip_frac", float("nan")),
                     "kl": last.get("kl_old_k3", float("nan")), "ctn": ctn_active})  # fmt: skip
