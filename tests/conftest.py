@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
 import torch
 
 from sorl_monitor import Monitor
+
+# A shell without job control starts `make test &` with SIGINT ignored, and an ignored signal stays
+# ignored across exec, so the Ctrl-C tests' child processes would never see theirs. A handler set here
+# is reset to the default in each child instead.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def write_run(
