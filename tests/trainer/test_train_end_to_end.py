@@ -136,7 +136,9 @@ class ScriptedGuard:
         pass
 
 
-def test_auto_ctn_switches_within_a_rollout_batch_and_lambda_judges_only_ctn_updates(tmp_path, monkeypatch):
+def test_auto_ctn_switches_within_a_rollout_batch_and_lambda_judges_only_updates_with_ctn(
+    tmp_path, monkeypatch
+):
     import sorl_monitor.trainer.train as train_module
 
     monkeypatch.setattr(train_module, "CtnGuard", ScriptedGuard)
@@ -153,13 +155,19 @@ def test_auto_ctn_switches_within_a_rollout_batch_and_lambda_judges_only_ctn_upd
     # switched on at the second look (after step 3, the end of batch 0): steps 4.. run with CTN
     assert [row["ctn_active"] for row in active] == [False] * 4 + [True] * 4
     assert actions[0] == {"step": 3, "detector": "ctn_on"}
-    # λ's controller judged batch 1 only (its CTN updates), doubling λ once: 1 → 2, logged after step 7
+    # batch 0 ran without CTN, so λ's controller first judged batch 1: one doubling, 1 → 2, after step 7
     assert [a["detector"] for a in actions] == ["ctn_on", "ctn_coef"]
-    cfg2 = tiny("ppo", tmp_path / "mid", ctn="auto", ctn_guard_every=1)
+    cfg2 = tiny("ppo", tmp_path / "mid", ctn="auto", ctn_guard_every=1, ctn_target_clip=1e-4, lr=1e-2)
     train(cfg2)
     assert ScriptedGuard.looks == list(range(8))
     with open_runs(tmp_path / "mid") as runs:
-        active = runs.sql("SELECT ctn_active FROM steps ORDER BY step").column(0).to_pylist()
-    assert active == [False, False, True, True, True, True, True, True]  # on after the second update
+        rows = runs.sql("SELECT ctn_active, ctn_clip_frac FROM steps ORDER BY step").to_pylist()
+        change = runs.sql("SELECT message FROM alerts WHERE detector = 'ctn_coef' ORDER BY step LIMIT 1")
+    assert [r["ctn_active"] for r in rows] == [False, False] + [True] * 6  # on after the second update
+    # the λ change after batch 0 judged its CTN updates (steps 2 and 3), not the two before the switch
+    with_ctn = (rows[2]["ctn_clip_frac"] + rows[3]["ctn_clip_frac"]) / 2
+    whole_batch = sum(r["ctn_clip_frac"] for r in rows[:4]) / 4
+    assert f"{with_ctn:.3f}" != f"{whole_batch:.3f}"  # the two readings tell apart on this run
+    assert f"clip fraction {with_ctn:.3f} " in change.column(0)[0].as_py()
     train(tiny("ppo", tmp_path / "default", ctn="auto"))
     assert ScriptedGuard.looks == [3, 7]  # the default: once per rollout batch, after its last update
