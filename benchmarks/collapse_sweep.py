@@ -65,10 +65,14 @@ def run_name(variant: str, seed: int) -> str:
 
 
 def hold_ratio(rewards: list[float]) -> tuple[float, float]:
-    """``(lowest MA / running peak after HOLD_AFTER iterations, peak MA)`` of per-iteration rewards."""
-    ma = [statistics.fmean(rewards[max(0, i - MA + 1) : i + 1]) for i in range(len(rewards))]
+    """``(lowest MA / running peak after HOLD_AFTER iterations, peak MA)`` of per-iteration rewards.
+
+    MA is the mean of the last ``MA`` iterations, counted only where a full window exists: a 1–4
+    iteration "average" at the start is one noisy batch of the warm start and set the peak by chance.
+    """
+    ma = [statistics.fmean(rewards[i - MA + 1 : i + 1]) for i in range(MA - 1, len(rewards))]
     peak, worst = 0.0, math.inf
-    for i, value in enumerate(ma):
+    for i, value in enumerate(ma, start=MA - 1):
         peak = max(peak, value)
         if i >= HOLD_AFTER and peak > 0:
             worst = min(worst, value / peak)
@@ -104,11 +108,14 @@ IGNORED_FIELDS = ("log_dir", "run_name", "threads", "warmstart_cache", "log_turn
 
 def predates_knob_alike(key: str, value, stored: dict) -> bool:
     """Whether a run stored before knob ``key`` existed trained as ``value`` makes a run train now."""
-    if key == "ctn_guard_every":  # before it, the auto-CTN guard looked once per rollout batch
+    if key in ("ctn_guard_every", "ctn_auto_start"):
         from sorl_monitor.trainer.algorithms import get_algorithm
 
-        ctn_mode = stored.get("ctn") or get_algorithm(stored["algo"]).default_ctn
-        return ctn_mode != "auto" or value in (None, stored["epochs"] * stored["minibatches"])
+        if (stored.get("ctn") or get_algorithm(stored["algo"]).default_ctn) != "auto":
+            return True  # the auto-CTN knobs change nothing without auto-CTN
+        if key == "ctn_guard_every":  # before it, the guard looked once per rollout batch
+            return value in (None, stored["epochs"] * stored["minibatches"])
+        return value == "off"  # before it, auto-CTN waited for the detectors' first warning
     return True  # later knobs whose default keeps the old behaviour
 
 

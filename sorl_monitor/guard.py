@@ -13,7 +13,8 @@ window and applies (and logs) any switch it returns:
 The guard runs the same detector SQL as the post-mortem (``sorl_monitor.detectors``) over the
 in-memory window, so what switched CTN on is exactly what ``sorl postmortem`` reports. Hysteresis:
 CTN goes on at the first update where a ``trip_on`` detector fires at ``min_severity`` or above, and
-off once ``quiet_updates`` updates have passed with none of them firing.
+off once ``quiet_updates`` updates have passed with none of them firing. ``start_active`` begins with
+CTN on, as if a detector had fired just before the first update.
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ class CtnGuard:
         trip_on: detectors whose firing turns CTN on.
         quiet_updates: updates without any ``trip_on`` firing before CTN goes off again.
         min_severity: ``"warning"`` (default: act early) or ``"critical"``.
+        start_active: begin with CTN on (armed), as if a detector had fired just before the first update,
+            so it goes off only after ``quiet_updates`` updates without a firing.
     """
 
     def __init__(
@@ -72,6 +75,7 @@ class CtnGuard:
         trip_on: tuple[str, ...] = DEFAULT_TRIP_ON,
         quiet_updates: int = 256,
         min_severity: str = "warning",
+        start_active: bool = False,
     ) -> None:
         if quiet_updates < 1:
             raise ValueError(f"quiet_updates must be at least 1, not {quiet_updates}")
@@ -82,9 +86,9 @@ class CtnGuard:
         self.quiet_updates = quiet_updates
         self.min_severity = min_severity
         self._detector = ArrowDetector(self.config, get_detectors(self.trip_on), optimize=False)
-        self.active = False
+        self.active = start_active
         self._last_seen: int | None = None
-        self._last_fired: int | None = None
+        self._last_fired: int | None = -1 if start_active else None  # armed: "fired" before step 0
 
     def update(self, recent_steps: pa.Table) -> GuardDecision | None:
         """Look at the updates logged since the last call; return a switch, or ``None`` if CTN stays as is."""

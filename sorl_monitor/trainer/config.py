@@ -46,6 +46,9 @@ class TrainConfig:
     run's own quiet level, so they go quiet once a rise settles even though the drift remains; at 32,
     PPO + auto-CTN collapsed in 1 of 4 seeds of the then default setting, lr 1e-3 with 4 × 4 reuse
     (final reward 0.49), at 256 in 0 of 4 (final 0.65)."""
+    ctn_auto_start: str = "off"
+    """auto: whether CTN is on from the first update (on: armed, then off after ``ctn_quiet_updates`` quiet
+    updates and on again at a warning) or waits for the detectors' first warning (off)."""
     ctn_guard_every: int | None = None
     """auto: updates between the guard's looks at the detectors (4: once per epoch, so CTN can switch within
     a rollout batch); None: once per rollout batch. Every 4 held better on tuning seeds 0–3 and no better on
@@ -114,6 +117,8 @@ class TrainConfig:
         get_algorithm(self.algo)
         if self.ctn is not None and self.ctn not in CTN_MODES:
             raise ValueError(f"ctn must be one of {', '.join(CTN_MODES)}, not {self.ctn!r}")
+        if self.ctn_auto_start not in ("on", "off"):
+            raise ValueError(f"ctn_auto_start must be 'on' or 'off', not {self.ctn_auto_start!r}")
         if self.ctn_anchor not in CTN_ANCHORS:
             raise ValueError(f"ctn_anchor must be one of {', '.join(CTN_ANCHORS)}, not {self.ctn_anchor!r}")
         if self.turn_ratio not in ("mean", "geomean"):

@@ -106,14 +106,19 @@ def train(cfg: TrainConfig, progress: Progress | None = None) -> TrainResult:
     optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
 
     ctn_mode = cfg.ctn_mode
-    ctn_active = ctn_mode == "on"
-    guard = CtnGuard(cfg.detectors, quiet_updates=cfg.ctn_quiet_updates) if ctn_mode == "auto" else None
+    guard = (CtnGuard(cfg.detectors, quiet_updates=cfg.ctn_quiet_updates, start_active=cfg.ctn_auto_start == "on")
+             if ctn_mode == "auto" else None)  # fmt: skip
+    ctn_active = ctn_mode == "on" or (guard is not None and guard.active)
     adaptive = (AdaptiveCtnCoef(cfg.ctn_coef, cfg.ctn_target_clip, cfg.ctn_coef, cfg.ctn_coef_max)
                 if cfg.ctn_target_clip is not None and ctn_mode != "off" else None)  # fmt: skip
     ctn_coef = cfg.ctn_coef
     mon = Monitor(cfg.log_dir, cfg.run_name, config=cfg.to_dict(), algorithm=cfg.algo, seed=cfg.seed,
                   clip_eps=settings.clip_eps, clip_eps_high=settings.clip_eps_high).watch(policy)  # fmt: skip
     result = TrainResult(mon.run_dir, mon.run_id, "finished")
+    if guard is not None and guard.active:  # armed: CTN on from the first update, logged like a switch
+        reason = "CTN on from the first update (ctn_auto_start = on)"
+        mon.log_alert("ctn_on", "info", reason, value=1.0, threshold=1.0, step=0, kind="action")
+        result.ctn_switches.append((0, True, reason))
     steps_per_iteration = cfg.epochs * cfg.minibatches
     mb_size = cfg.episodes // cfg.minibatches
     group_ids = torch.arange(cfg.episodes) // cfg.group_size

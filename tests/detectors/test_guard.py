@@ -57,6 +57,19 @@ def test_ctn_stays_on_while_a_synthetic_burst_keeps_firing():
     assert decisions[1].step > ONSET + 80
 
 
+def test_an_armed_guard_goes_off_after_the_quiet_window_from_the_first_update_synthetic():
+    decisions = feed(CtnGuard(quiet_updates=20, start_active=True), stable_rows(360), first_call=1)
+    assert [(d.ctn_on, d.step) for d in decisions] == [(False, 19)]  # 20 quiet updates: steps 0-19
+
+
+def test_an_armed_guard_stays_on_through_a_synthetic_burst_then_waits_out_its_quiet_window():
+    rows = burst_rows(n=600)  # quiet_updates > ONSET: still on (armed) when the burst begins
+    decisions = feed(CtnGuard(quiet_updates=ONSET + 10, start_active=True), rows, first_call=1)
+    last_firing = max(detect(pa.Table.from_pylist(rows), detectors=["clip_rise"]).column("step").to_pylist())
+    assert [d.ctn_on for d in decisions] == [False]  # never a second "on": it was on throughout
+    assert decisions[0].step - last_firing == ONSET + 10
+
+
 def test_stable_synthetic_run_never_switches_ctn():
     assert feed(CtnGuard(), stable_rows(360)) == []
 

@@ -53,6 +53,15 @@ def test_an_auto_run_from_before_ctn_guard_every_is_retrained_only_if_it_would_d
         assert collapse_sweep.reusable(stored_run(tmp_path / f"{algo}-{ctn}-{every}", old), cfg) is reused
 
 
+def test_an_auto_run_from_before_ctn_auto_start_is_reused_only_for_off(tmp_path):
+    cases = [("ppo", "auto", "off", True), ("ppo", "auto", "on", False), ("so_ppo", None, "on", True),
+             ("ppo", "off", "on", True)]  # fmt: skip
+    for algo, ctn, start, reused in cases:
+        cfg = TrainConfig(algo=algo, ctn=ctn, ctn_auto_start=start, seed=3, iterations=5).to_dict()
+        old = {key: value for key, value in cfg.items() if key != "ctn_auto_start"}
+        assert collapse_sweep.reusable(stored_run(tmp_path / f"{algo}-{ctn}-{start}", old), cfg) is reused
+
+
 def test_unfinished_or_unreadable_runs_are_trained_again(tmp_path):
     cfg = TrainConfig().to_dict()
     assert not collapse_sweep.reusable(stored_run(tmp_path / "a", cfg, status="running"), cfg)
@@ -69,3 +78,11 @@ def test_hold_is_the_lowest_moving_average_over_its_running_peak_after_ten_itera
     assert hold == pytest.approx(0.2)
     rising = [0.1] * 10 + [0.5] * 10  # from iteration 10 on the average only rises: its peak is itself
     assert collapse_sweep.hold_ratio(rising) == pytest.approx((1.0, 0.5))
+
+
+def test_hold_counts_full_five_iteration_windows_only():
+    """One lucky first batch is not a 5-iteration average: it must not set the peak."""
+    rewards = [0.9] + [0.5] * 20  # the first full window (iterations 0-4) averages 0.58
+    hold, peak = collapse_sweep.hold_ratio(rewards)
+    assert peak == pytest.approx(0.58)
+    assert hold == pytest.approx(0.5 / 0.58)  # a 1-iteration "average" made it 0.5 / 0.9 = 0.56

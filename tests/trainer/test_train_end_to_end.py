@@ -120,8 +120,9 @@ class ScriptedGuard:
 
     looks: list[int] = []
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, start_active: bool = False, **kwargs) -> None:
         ScriptedGuard.looks = []
+        self.active = start_active
 
     def update(self, recent_steps):
         from sorl_monitor.guard import GuardDecision
@@ -171,3 +172,19 @@ def test_auto_ctn_switches_within_a_rollout_batch_and_lambda_judges_only_updates
     assert f"clip fraction {with_ctn:.3f} " in change.column(0)[0].as_py()
     train(tiny("ppo", tmp_path / "default", ctn="auto"))
     assert ScriptedGuard.looks == [3, 7]  # the default: once per rollout batch, after its last update
+
+
+def test_auto_ctn_armed_from_the_first_update_logs_the_start_like_a_switch(tmp_path, monkeypatch):
+    import sorl_monitor.trainer.train as train_module
+
+    monkeypatch.setattr(train_module, "CtnGuard", ScriptedGuard)
+    result = train(tiny("ppo", tmp_path, ctn="auto", ctn_auto_start="on"))
+    with open_runs(tmp_path) as runs:
+        active = runs.sql("SELECT ctn_active FROM steps ORDER BY step").column(0).to_pylist()
+        first = runs.sql("SELECT step, detector FROM alerts WHERE kind = 'action' ORDER BY step LIMIT 1")
+    assert active == [True] * 8  # on from step 0; the scripted guard never switches it off
+    assert first.to_pylist() == [{"step": 0, "detector": "ctn_on"}]
+    assert result.ctn_switches[0][:2] == (0, True)
+    train(tiny("ppo", tmp_path / "waits", ctn="auto", ctn_auto_start="off"))
+    with open_runs(tmp_path / "waits") as runs:
+        assert runs.sql("SELECT ctn_active FROM steps WHERE step = 0").column(0).to_pylist() == [False]
