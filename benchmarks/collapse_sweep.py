@@ -116,6 +116,8 @@ def predates_knob_alike(key: str, value, stored: dict) -> bool:
         if key == "ctn_guard_every":  # before it, the guard looked once per rollout batch
             return value in (None, stored["epochs"] * stored["minibatches"])
         return value == "off"  # before it, auto-CTN waited for the detectors' first warning
+    if key == "ctn_raise_unclipped":  # before it, λ's controller raised λ whatever the gradient norm
+        return not value
     return True  # later knobs whose default keeps the old behaviour
 
 

@@ -154,7 +154,8 @@ class AdaptiveCtnCoef:
         c̄ < target / 1.5  →  λ ← max(λ / 2, low)
 
     ``c̄`` is the mean clip fraction over one rollout batch's updates. ``update`` returns the new λ when it
-    changed (to be logged), else ``None``.
+    changed (to be logged), else ``None``; with ``may_raise=False`` λ can only fall (the trainer's
+    ``ctn_raise_unclipped``: no raise while the updates are already gradient-clipped).
     """
 
     value: float
@@ -169,8 +170,10 @@ class AdaptiveCtnCoef:
             raise ValueError(f"CTN λ bounds need 0 < low ≤ high, got {self.low}..{self.high}")
         self.value = min(max(self.value, self.low), self.high)
 
-    def update(self, clip_frac: float) -> float | None:
+    def update(self, clip_frac: float, may_raise: bool = True) -> float | None:
         if clip_frac > 1.5 * self.target:
+            if not may_raise:
+                return None
             new = min(2.0 * self.value, self.high)
         elif clip_frac < self.target / 1.5:
             new = max(self.value / 2.0, self.low)

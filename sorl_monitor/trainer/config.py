@@ -36,6 +36,9 @@ class TrainConfig:
     """Adaptive λ: hold the clip fraction CTN multiplies near this target (λ doubles above 1.5× it, halves
     below it / 1.5, between ``ctn_coef`` and ``ctn_coef_max``, once per rollout batch); None: fixed λ."""
     ctn_coef_max: float = 128.0
+    ctn_raise_unclipped: bool = False
+    """Adaptive λ: double it only when the batch's CTN updates had a mean gradient norm (before clipping) at
+    most ``max_grad_norm``: once updates are clipped, a larger λ only trades policy gradient for CTN's pull."""
     ctn_clip_level: str = "surrogate"
     """Whose clip fraction CTN multiplies: the surrogate's ratio (token, or turn w̄_k) | token (r_t always)."""
     ctn_kl_cap: float | None = 3.0

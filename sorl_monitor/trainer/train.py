@@ -142,7 +142,7 @@ def train(cfg: TrainConfig, progress: Progress | None = None) -> TrainResult:
                     episodes.rewards, values, mask, episodes.turn_ids, group_ids, settings
                 )
             coef = ctn_coef if ctn_active else 0.0
-            batch_clip_fracs = []
+            batch_clip_fracs, batch_grad_norms = [], []
             last: dict[str, float] = {}
             diverged = False
             for epoch in range(cfg.epochs):
@@ -174,6 +174,7 @@ def train(cfg: TrainConfig, progress: Progress | None = None) -> TrainResult:
                     step += 1
                     if ctn_active:  # what λ's controller judges: the updates CTN acted on
                         batch_clip_fracs.append(terms.clip_frac)
+                        batch_grad_norms.append(grad_norm)
                     if not torch.isfinite(terms.loss) or not torch.isfinite(grad_norm):
                         diverged = True
                         break
@@ -190,7 +191,8 @@ def train(cfg: TrainConfig, progress: Progress | None = None) -> TrainResult:
             result.iteration_rewards.append(reward)
             if adaptive is not None and ctn_active and batch_clip_fracs:
                 mean_clip = float(torch.stack(batch_clip_fracs).mean())
-                if adaptive.update(mean_clip) is not None:
+                unclipped = float(torch.stack(batch_grad_norms).mean()) <= cfg.max_grad_norm
+                if adaptive.update(mean_clip, may_raise=unclipped or not cfg.ctn_raise_unclipped) is not None:
                     ctn_coef = adaptive.value
                     mon.log_alert("ctn_coef", "info", f"CTN λ → {ctn_coef:g}: clip fraction {mean_clip:.3f} "
                                   f"vs target {cfg.ctn_target_clip:g}", value=ctn_coef,

@@ -40,3 +40,12 @@ def test_a_clip_fraction_that_answers_lambda_settles_inside_the_band():
 def test_bad_settings_are_refused_with_a_reason(target, low, high):
     with pytest.raises(ValueError, match="CTN"):
         AdaptiveCtnCoef(value=1.0, target=target, low=low, high=high)
+
+
+def test_without_leave_to_raise_lambda_only_falls():
+    coef = AdaptiveCtnCoef(value=4.0, target=0.1, low=1.0, high=64.0)
+    assert (
+        coef.update(0.5, may_raise=False) is None and coef.value == 4.0
+    )  # above the band: held, not doubled
+    assert coef.update(0.01, may_raise=False) == 2.0  # below it: halved as usual
+    assert coef.update(0.5) == 4.0

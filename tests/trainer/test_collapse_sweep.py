@@ -62,6 +62,13 @@ def test_an_auto_run_from_before_ctn_auto_start_is_reused_only_for_off(tmp_path)
         assert collapse_sweep.reusable(stored_run(tmp_path / f"{algo}-{ctn}-{start}", old), cfg) is reused
 
 
+def test_a_run_from_before_ctn_raise_unclipped_is_reused_only_without_it(tmp_path):
+    for value, reused in ((False, True), (True, False)):
+        cfg = TrainConfig(algo="ppo", ctn="auto", ctn_raise_unclipped=value, seed=3, iterations=5).to_dict()
+        old = {key: v for key, v in cfg.items() if key != "ctn_raise_unclipped"}
+        assert collapse_sweep.reusable(stored_run(tmp_path / f"r{value}", old), cfg) is reused
+
+
 def test_unfinished_or_unreadable_runs_are_trained_again(tmp_path):
     cfg = TrainConfig().to_dict()
     assert not collapse_sweep.reusable(stored_run(tmp_path / "a", cfg, status="running"), cfg)

@@ -104,6 +104,18 @@ def test_adaptive_ctn_coef_changes_are_logged_as_actions_and_used_by_the_next_ro
     assert min(clip) > 1.5e-4  # what the controller saw: each batch's mean clip fraction, above the band
 
 
+def test_lambda_is_not_raised_while_updates_are_gradient_clipped_when_asked(tmp_path):
+    # the same far-too-low target as above, but every update is clipped (max_grad_norm 1e-6): λ stays put
+    for raise_unclipped, expected in ((True, [1.0, 1.0, 1.0]), (False, [1.0, 2.0, 4.0])):
+        cfg = tiny("so_ppo", tmp_path / str(raise_unclipped), ctn="on", ctn_target_clip=1e-4, ctn_coef=1.0,
+                   ctn_coef_max=4.0, lr=1e-2, max_grad_norm=1e-6, ctn_raise_unclipped=raise_unclipped)  # fmt: skip
+        cfg.iterations = 3
+        train(cfg)
+        with open_runs(tmp_path / str(raise_unclipped)) as runs:
+            coefs = runs.sql("SELECT max(ctn_coef) FROM steps GROUP BY iteration ORDER BY iteration")
+        assert coefs.column(0).to_pylist() == expected
+
+
 def test_warmup_raises_the_learning_rate_linearly_then_anneal_decays_it():
     from sorl_monitor.trainer.train import learning_rate
 
