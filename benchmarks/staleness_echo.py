@@ -53,10 +53,11 @@ def main() -> None:
         for run in runs:
             with open_runs(run) as rs:
                 rewards = rs.sql("SELECT avg(reward_mean) FROM steps GROUP BY iteration ORDER BY iteration")
-                staleness = rs.sql("SELECT max(policy_lag) FROM steps WHERE ppo_epoch = 0 AND minibatch = 0")
-                per_batch = rs.sql("SELECT count(*) FROM steps WHERE iteration = 0")
-                rewards = rewards.column(0).to_pylist()
-                lag, steps = staleness.column(0)[0].as_py(), per_batch.column(0)[0].as_py()
+                shape = rs.sql(
+                    "SELECT max(policy_lag) FILTER (WHERE ppo_epoch = 0 AND minibatch = 0) AS lag,"
+                    " count(*) FILTER (WHERE iteration = 0) AS steps FROM steps"
+                ).to_pylist()[0]
+                rewards, lag, steps = rewards.column(0).to_pylist(), shape["lag"], shape["steps"]
             period = lag // steps + 1  # policy_lag counts updates: staleness · updates per batch
             for j in range(1, args.multiples + 1):
                 at[j * period] += dips(rewards, [j * period])

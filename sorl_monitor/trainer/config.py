@@ -52,7 +52,8 @@ class TrainConfig:
     ctn_auto_start: str = "off"
     """auto: whether CTN is on from the first update (on: armed, then off after ``ctn_quiet_updates`` quiet
     updates and on again at a warning) or waits for the detectors' first warning (off). On removes the
-    staleness echo of a first batch without CTN, but held no more often on tuning seeds 0–7 or evaluation seeds 30–37 (docs/trainer.md)."""
+    staleness echo of a first batch without CTN, but held no more often on tuning seeds 0–7 or on
+    evaluation seeds 30–37 (docs/trainer.md)."""
     ctn_guard_every: int | None = None
     """auto: updates between the guard's looks at the detectors (4: once per epoch, so CTN can switch within
     a rollout batch); None: once per rollout batch. Every 4 held better on tuning seeds 0–3 and no better on

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from sorl_monitor.guard import AdaptiveCtnCoef, CtnGuard
+from sorl_monitor.guard import AdaptiveCtnCoef, CtnGuard, GuardDecision
 from sorl_monitor.monitor import Monitor
 from sorl_monitor.trainer.algorithms import get_algorithm
 from sorl_monitor.trainer.algorithms.common import LossSettings, Minibatch
@@ -69,14 +69,17 @@ def learning_rate(cfg: TrainConfig, iteration: int) -> float:
     return cfg.lr * warmup * ((1.0 - iteration / cfg.iterations) if cfg.anneal_lr else 1.0)
 
 
-def guard_look(guard: CtnGuard, mon: Monitor, result: TrainResult, ctn_active: bool) -> bool:
-    """Let ``guard`` judge the monitor's recent updates; log a switch; return whether CTN is on now."""
-    decision = guard.update(mon.recent_steps())
-    if decision is None:
-        return ctn_active
+def record_switch(decision: GuardDecision, mon: Monitor, result: TrainResult) -> bool:
+    """Log a CTN switch as an ``alerts`` action row and in the result; return whether CTN is on now."""
     mon.log_alert(**decision.alert_fields())
     result.ctn_switches.append((decision.step, decision.ctn_on, decision.reason))
     return decision.ctn_on
+
+
+def guard_look(guard: CtnGuard, mon: Monitor, result: TrainResult, ctn_active: bool) -> bool:
+    """Let ``guard`` judge the monitor's recent updates; log a switch; return whether CTN is on now."""
+    decision = guard.update(mon.recent_steps())
+    return ctn_active if decision is None else record_switch(decision, mon, result)
 
 
 def train(cfg: TrainConfig, progress: Progress | None = None) -> TrainResult:
@@ -116,9 +119,9 @@ def train(cfg: TrainConfig, progress: Progress | None = None) -> TrainResult:
                   clip_eps=settings.clip_eps, clip_eps_high=settings.clip_eps_high).watch(policy)  # fmt: skip
     result = TrainResult(mon.run_dir, mon.run_id, "finished")
     if guard is not None and guard.active:  # armed: CTN on from the first update, logged like a switch
-        reason = "CTN on from the first update (ctn_auto_start = on)"
-        mon.log_alert("ctn_on", "info", reason, value=1.0, threshold=1.0, step=0, kind="action")
-        result.ctn_switches.append((0, True, reason))
+        armed = GuardDecision(True, 0, "ctn_auto_start", "info", 1.0, 1.0,
+                              "CTN on from the first update (ctn_auto_start = on)")  # fmt: skip
+        record_switch(armed, mon, result)
     steps_per_iteration = cfg.epochs * cfg.minibatches
     mb_size = cfg.episodes // cfg.minibatches
     group_ids = torch.arange(cfg.episodes) // cfg.group_size
