@@ -288,13 +288,20 @@ def evaluate_corpus(path: Sequence[str], config: DetectorConfig) -> dict[str, An
     loso, fits = leave_one_setting_out(labelled, series, first)
     whole = fit(labelled, series, first)
     scores = [loso] + [score_with(name, labelled, alarms) for name, alarms in baselines.items()]
+    by_folder = []
+    if len(path) > 1:  # the same leave-one-setting-out alarms, scored per corpus folder
+        for folder in path:
+            ids = {run.parent.name for run in Path(folder).glob("*/run.json")}
+            in_folder = [r for r in labelled if r.run_id in ids]
+            alarms = {r.run_id: combined_alarm(r.run_id, fits[r.setting], series, first) for r in in_folder}
+            by_folder.append(score_with(f"{loso.method}, {Path(folder).name}", in_folder, alarms))
     early = [
         r.run_id
         for r in labelled
         if r.collapse_step is not None and r.collapse_step < config.min_history_steps
     ]
     return {"scores": scores, "fits": fits, "fit_on_all": whole, "runs": labelled, "early": early,
-            "settings": len({r.setting for r in labelled})}  # fmt: skip
+            "settings": len({r.setting for r in labelled}), "by_folder": by_folder}  # fmt: skip
 
 
 def evaluate_real(path: Sequence[str], config: DetectorConfig) -> dict[str, Any]:
@@ -333,17 +340,23 @@ def main(argv: list[str] | None = None) -> int:
                 f"Corpus: {len(corpus['runs'])} runs in {corpus['settings']} settings ({collapsing} collapsing; "
                 f"{len(corpus['early'])} of them before step {config.min_history_steps}, when no baseline "
                 "exists yet), leave-one-setting-out", corpus["scores"]))  # fmt: skip
+            if corpus["by_folder"]:
+                print()
+                print(markdown("The same alarms, per corpus folder", corpus["by_folder"]))
             print(f"\nfit on the whole corpus (the defaults): {corpus['fit_on_all']}")
             for score in corpus["scores"][:1]:
                 print(f"missed: {', '.join(score.missed) or 'none'}")
                 print(f"false alarms: {', '.join(score.false) or 'none'}")
             print(f"({time.perf_counter() - started:.1f} s)")
             payload["corpus"] = {"scores": [s.row() for s in corpus["scores"]], "fits": corpus["fits"],
+                                 "by_folder": [s.row() for s in corpus["by_folder"]],
                                  "fit_on_all": corpus["fit_on_all"], "early": corpus["early"]}  # fmt: skip
         if args.real:
             real = evaluate_real(args.real, config)
             print()
-            print(markdown(f"Real logs: {len(real['runs'])} runs, the defaults as shipped", real["scores"]))
+            folders = ", ".join(Path(p).name for p in args.real)
+            print(markdown(f"Scored with the shipped defaults, never fitted on them ({folders}): {len(real['runs'])} runs",
+                           real["scores"]))  # fmt: skip
             for run in real["runs"]:
                 label = f"collapse at {run.collapse_step}" if run.collapse_step is not None else "no collapse"
                 print(f"  {run.run_id}: {label}; first critical alert {real['alarms'].get(run.run_id)}")

@@ -25,6 +25,7 @@ import multiprocessing as mp
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,38 +82,52 @@ EXPORT_COLUMNS = (
 collapse label, the root-cause rules or a baseline reads."""
 
 
-def export(runs_dir: Path, target: Path) -> None:
-    """Write each run of ``runs_dir`` as ``target/<run>/{run.json, steps/rank=0/part-0.parquet}`` (zstd)."""
+def export(runs_dir: Path, target: Path, name: Callable[[dict], str | None] | None = None) -> list[str]:
+    """Write each run of ``runs_dir`` as ``target/<run>/{run.json, steps/rank=0/part-0.parquet}`` (zstd).
+
+    ``name(run)`` (``run``: its ``runs`` row, ``config`` parsed) gives the copy's run id, or None to leave
+    the run out; by default the run keeps its own. A run whose copy already exists is not written again.
+    Returns the run ids written.
+    """
     import pyarrow.parquet as pq
 
     from sorl_monitor.query import open_runs
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()  # fmt: skip
+    written = []
     with open_runs(runs_dir) as runs:
         have = set(runs.columns("steps"))
         columns = ", ".join(
-            c if c in ("run_id", "step", "ppo_epoch", "policy_lag", "ctn_active") else f"{c}::FLOAT AS {c}"
+            "$name AS run_id" if c == "run_id"
+            else c if c in ("step", "ppo_epoch", "policy_lag", "ctn_active") else f"{c}::FLOAT AS {c}"
             for c in EXPORT_COLUMNS
             if c in have
-        )
+        )  # fmt: skip
         for run in runs.sql(
             "SELECT run_id, algorithm, seed, status, config FROM runs ORDER BY run_id"
         ).to_pylist():
+            run["config"] = json.loads(run["config"])
+            new_id = run["run_id"] if name is None else name(run)
+            if new_id is None or (target / new_id / "run.json").exists():
+                continue
             steps = runs.sql(
-                f"SELECT {columns} FROM steps WHERE run_id = $r ORDER BY step", {"r": run["run_id"]}
+                f"SELECT {columns} FROM steps WHERE run_id = $r ORDER BY step",
+                {"r": run["run_id"], "name": new_id},
             )
-            folder = target / run["run_id"] / "steps" / "rank=0"
+            folder = target / new_id / "steps" / "rank=0"
             folder.mkdir(parents=True, exist_ok=True)
             pq.write_table(steps, folder / "part-000000.parquet", compression="zstd", compression_level=19,
                            use_dictionary=False, write_statistics=False)  # fmt: skip
-            config = json.loads(run["config"])
-            info = {"run_id": run["run_id"], "algorithm": run["algorithm"], "seed": run["seed"],
+            config = run["config"]
+            info = {"run_id": new_id, "algorithm": run["algorithm"], "seed": run["seed"],
                     "status": run["status"], "schema_version": 1,
                     "config": {k: config.get(k) for k in ("algo", "epochs", "minibatches", "staleness", "lr",
-                                                          "iterations", "ctn", "seed")},
-                    "setting": run["run_id"].rsplit("-s", 1)[0], "made_by": f"benchmarks/make_corpus.py @ {commit}"}  # fmt: skip
-            (target / run["run_id"] / "run.json").write_text(json.dumps(info, indent=1) + "\n")
+                                                          "iterations", "ctn", "dual_clip", "seed")},
+                    "setting": new_id.rsplit("-s", 1)[0], "made_by": f"benchmarks/make_corpus.py @ {commit}"}  # fmt: skip
+            (target / new_id / "run.json").write_text(json.dumps(info, indent=1) + "\n")
+            written.append(new_id)
+    return written
 
 
 def main() -> None:

@@ -303,6 +303,23 @@ def test_cli_prints_the_tables_and_writes_json_synthetic(corpus, tmp_path, capsy
     assert sorted(payload["corpus"]["fits"]) == ["calm", "kl"]
 
 
+def test_two_corpus_folders_are_fitted_together_and_also_scored_apart_synthetic(corpus, tmp_path, capsys):
+    """SYNTHETIC: a second folder (one more ``kl`` seed, one more calm seed) joins the same leave-one-setting-out
+    fit; the per-folder scores split that one score between the folders."""
+    more = tmp_path / "more"
+    write_rows(more, "kl-s3", collapse_reward(pattern_rows("kl_rise", 420, seed=3), 300))
+    write_rows(more, "calm-s3", stable_rows(420, seed=3))
+    result = detector_eval.evaluate_corpus([str(corpus), str(more)], DetectorConfig())
+    loso, (first, second) = result["scores"][0], result["by_folder"]
+    assert (loso.collapsing, loso.stable) == (3, 3) and result["settings"] == 2
+    assert (first.collapsing, first.stable, second.collapsing, second.stable) == (2, 2, 1, 1)
+    assert first.detected + second.detected == loso.detected
+    assert first.false_alarms + second.false_alarms == loso.false_alarms
+    assert first.method.endswith(f", {corpus.name}") and second.method.endswith(", more")
+    assert detector_eval.main(["--corpus", str(corpus), str(more)]) == 0
+    assert "per corpus folder" in capsys.readouterr().out
+
+
 def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     write_rows(tmp_path / "runs", "calm-s1", stable_rows(40))
     assert detector_eval.main(["--corpus", str(tmp_path / "missing")]) == 2
