@@ -18,6 +18,7 @@ from sorl_monitor.trainer.policy import PolicyConfig
 
 CTN_MODES = ("off", "on", "auto")
 CTN_ANCHORS = ("behaviour", "proximal")
+CTN_CLIP_LEVELS = ("surrogate", "token", "proximal")
 LOG_TURNS = ("all", "first", "none")
 
 
@@ -40,7 +41,9 @@ class TrainConfig:
     """Adaptive λ: double it only when the batch's CTN updates had a mean gradient norm (before clipping) at
     most ``max_grad_norm``: once updates are clipped, a larger λ only trades policy gradient for CTN's pull."""
     ctn_clip_level: str = "surrogate"
-    """Whose clip fraction CTN multiplies: the surrogate's ratio (token, or turn w̄_k) | token (r_t always)."""
+    """Whose clip fraction CTN multiplies: the surrogate's ratio (token, or turn w̄_k) | token (r_t always) |
+    proximal (the token ratio ``π_θ/π_prox`` to the learner as this batch's updates began: only the drift this
+    batch's reuse made, not the rollouts' staleness; pair it with ``ctn_anchor = "proximal"``)."""
     ctn_kl_cap: float | None = 3.0
     """Bound CTN's k3 gradient: beyond ``r = c`` (and below ``1/c``) the KL continues linearly in ``log r``;
     None: plain k3 (gradient ``r − 1``, unbounded for stale ratios)."""
@@ -172,8 +175,10 @@ class TrainConfig:
             raise ValueError(
                 f"ctn_coef_max ({self.ctn_coef_max}) must be at least ctn_coef ({self.ctn_coef})"
             )
-        if self.ctn_clip_level not in ("surrogate", "token"):
-            raise ValueError(f"ctn_clip_level must be 'surrogate' or 'token', not {self.ctn_clip_level!r}")
+        if self.ctn_clip_level not in CTN_CLIP_LEVELS:
+            raise ValueError(
+                f"ctn_clip_level must be one of {', '.join(CTN_CLIP_LEVELS)}, not {self.ctn_clip_level!r}"
+            )
         if self.ctn_quiet_updates < 1:
             raise ValueError(f"ctn_quiet_updates must be at least 1, not {self.ctn_quiet_updates}")
         self.task.check()

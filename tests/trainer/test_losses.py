@@ -111,6 +111,25 @@ def test_ctn_with_the_proximal_anchor_pulls_back_to_the_learner_as_the_batch_beg
         algo.loss(output(logp), clipped, proximal, ctn_coef=1.0)
 
 
+def test_ctn_proximal_clip_level_counts_only_the_drift_since_the_batch_began():
+    old = torch.zeros(2, 9)
+    logp = torch.full((2, 9), 0.5)  # r = 1.65 against π_old: every token outside the trust region
+    batch = minibatch(logp, torch.zeros(2, 9), old)
+    algo, settings = get_algorithm("ppo"), LossSettings(ctn_clip_level="proximal", ctn_anchor="proximal")
+    batch.prox_logp = logp.clone()  # the learner has not moved since the batch began
+    assert float(algo.loss(output(logp), batch, settings, ctn_coef=1.0).clip_frac) == 0.0
+    prox = torch.full((2, 9), 0.5)
+    prox[0, 1:3] = 0.0  # 2 of the 10 agent tokens (MASK) moved by e^0.5 since the batch began, the rest not
+    batch.prox_logp = prox
+    terms = algo.loss(output(logp), batch, settings, ctn_coef=1.0)
+    assert float(terms.clip_frac) == pytest.approx(2 / 10)
+    k3 = float(torch.tensor(0.5).exp() - 1 - 0.5)
+    assert float(terms.ctn_penalty) == pytest.approx(2 / 10 * k3 * 2 / 10)  # λ · frac · mean_t k3
+    batch.prox_logp = None
+    with pytest.raises(ValueError, match="prox_logp"):
+        algo.loss(output(logp), batch, LossSettings(ctn_clip_level="proximal"), ctn_coef=1.0)
+
+
 def test_grpo_advantage_is_normalized_within_each_prompt_group():
     rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0])
     groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])

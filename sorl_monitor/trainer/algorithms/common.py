@@ -63,7 +63,8 @@ class LossSettings:
     dual_clip: float | None = 3.0
     """Dual-clip bound ``c`` (> 1) on negative-advantage tokens; None: off. (Defaults as ``TrainConfig``'s.)"""
     ctn_clip_level: str = "surrogate"
-    """Whose clip fraction CTN multiplies: the surrogate's ratio ρ | ``token`` (r_t whatever ρ is)."""
+    """Whose clip fraction CTN multiplies: the surrogate's ratio ρ | ``token`` (r_t whatever ρ is) | ``proximal``
+    (the token ratio π_θ/π_prox)."""
     ctn_anchor: str = "behaviour"
     """The policy CTN's KL pulls back to: ``behaviour`` (π_old, which made the rollout) or ``proximal``
     (π_prox, the learner when this batch's updates began; the same policy when rollouts are fresh)."""
@@ -199,6 +200,18 @@ def ctn_log_ratio(logp: Tensor, behaviour_log_ratio: Tensor, batch: Minibatch, s
     return token_log_ratio(logp, batch.prox_logp)
 
 
+def ctn_clip_ratio(logp: Tensor, log_ratio: Tensor, ratio: Tensor, batch: Minibatch, s: LossSettings) -> Tensor:
+    """The ratio whose clip fraction CTN multiplies (``s.ctn_clip_level``): the surrogate's ``ρ``, the token
+    ``r_t = π_θ/π_old``, or the token ``π_θ/π_prox`` (the drift of this batch's updates alone)."""
+    if s.ctn_clip_level == "surrogate":
+        return ratio
+    if s.ctn_clip_level == "token":
+        return log_ratio.exp()
+    if batch.prox_logp is None:
+        raise ValueError("ctn_clip_level='proximal' needs the minibatch's prox_logp (π_prox log-probs)")
+    return token_log_ratio(logp, batch.prox_logp).exp()
+
+
 def kl_k3_capped(log_ratio: Tensor, cap: float | None) -> Tensor:
     """Schulman's k3 ``r − 1 − log r`` for ``|log r| ≤ log c``, continued by its tangent beyond, so its gradient
     in ``log r`` is ``r − 1`` inside and ``c − 1`` (or ``1/c − 1``) outside (our bounded form; None: plain k3)::
@@ -241,7 +254,7 @@ def surrogate_loss(
     log_ratio, ratio = ratios(out.logp, batch, turn_level, s.turn_ratio)
     pg = clipped_surrogate(ratio, batch.advantages, batch.mask, s.clip_eps, s.clip_eps_high, s.dual_clip)
     vf = value_loss(out.values, batch.returns, batch.mask) if critic else torch.zeros_like(pg)
-    ctn_ratio = log_ratio.exp() if s.ctn_clip_level == "token" else ratio
+    ctn_ratio = ctn_clip_ratio(out.logp, log_ratio, ratio, batch, s)
     penalty, frac = ctn_penalty(
         ctn_log_ratio(out.logp, log_ratio, batch, s), ctn_ratio, batch.mask, ctn_coef, s
     )
