@@ -200,7 +200,9 @@ def ctn_log_ratio(logp: Tensor, behaviour_log_ratio: Tensor, batch: Minibatch, s
     return token_log_ratio(logp, batch.prox_logp)
 
 
-def ctn_clip_ratio(logp: Tensor, log_ratio: Tensor, ratio: Tensor, batch: Minibatch, s: LossSettings) -> Tensor:
+def ctn_clip_ratio(
+    logp: Tensor, log_ratio: Tensor, ratio: Tensor, batch: Minibatch, s: LossSettings
+) -> Tensor:
     """The ratio whose clip fraction CTN multiplies (``s.ctn_clip_level``): the surrogate's ``ρ``, the token
     ``r_t = π_θ/π_old``, or the token ``π_θ/π_prox`` (the drift of this batch's updates alone)."""
     if s.ctn_clip_level == "surrogate":
