@@ -14,9 +14,11 @@ detection).
     leave-one-setting-out: for each setting, the critical thresholds in ``FITTED`` are chosen on the
     *other* settings' runs (grid search: the best recall at a false-alarm rate ≤ 5 % there; ties go to
     fewer false alarms, the longer median lead, then the higher thresholds), then applied to that setting's runs. No threshold is judged on the setting it
-    was fitted on. The shipped defaults are the same fit over the whole corpus (printed, not scored).
-(b) **Real logs** (``--real``, e.g. the TRL runs in ``../shared/real_logs``), read as the files come and
-    scored with the shipped defaults, which were never fitted on them.
+    was fitted on. The shipped defaults are the same fit over the whole corpus (printed, not scored). Several
+    ``--corpus`` folders (e.g. ``benchmarks/corpus`` and the sweep's runs copied by ``sweep_corpus.py``) are
+    fitted as one corpus, and the same alarms are also scored per folder.
+(b) **Held out** (``--real``: real logs, e.g. the TRL runs in ``../shared/real_logs``, read as the files come;
+    or bundled-trainer runs outside the corpus), scored with the shipped defaults, never fitted on them.
 
 Baselines on the same runs: ``olmo_grad_spike`` (OLMo-core-style, grad norm > mean + 6σ of the previous
 128 steps) and ``foundry_spike`` (llm-foundry ``KillLossSpike``-style: loss ≥ 2 × its mean over the
