@@ -5,10 +5,12 @@
 
 ``SWEEP_FOLDER`` is a folder of ``benchmarks/collapse_sweep.py`` runs (e.g. ``sweep_runs/v2/default``).
 Each run is copied compactly (``make_corpus.export``) under its setting's name,
-``<algo>[_nodc]-r<epochs>x<minibatches>-st<staleness>-lr<lr>-s<seed>`` (``_nodc``: dual-clip off), so
-``detector_eval`` scores it leave-one-setting-out beside the grid. A run with CTN on ``auto`` is left out:
-its guard switches on the detectors' own warnings, so whether it collapses is not independent of the
-alarms being scored. Nothing is retrained and nothing injected: these are the sweep's runs as they ran.
+``<algo>[_nodc]-r<epochs>x<minibatches>-st<staleness>-lr<lr>[-anneal]-s<seed>`` (``_nodc``: dual-clip
+off; ``-anneal``: the lr decays to 0), so ``detector_eval`` scores it leave-one-setting-out beside the
+grid. The name holds only those knobs: a run whose name is already in ``--out`` is not copied again, so
+copy sweeps that differ in other knobs to separate folders. A run with CTN on ``auto`` is left out: its
+guard switches on the detectors' own warnings, so whether it collapses is not independent of the alarms
+being scored. Nothing is retrained and nothing injected: these are the sweep's runs as they ran.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ def corpus_name(run: dict) -> str | None:
         return None
     algo = config["algo"] + ("_nodc" if config.get("dual_clip") is None else "")
     reuse = f"{config['epochs']}x{config['minibatches']}"
-    return f"{setting_name(algo, reuse, config['staleness'], config['lr'])}-s{config['seed']}"
+    anneal = "-anneal" if config.get("anneal_lr") else ""
+    return f"{setting_name(algo, reuse, config['staleness'], config['lr'])}{anneal}-s{config['seed']}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,6 +36,7 @@ def test_corpus_name_is_the_setting_and_seed_and_none_for_auto_ctn():
     assert name(row(algo="ppo")) == "ppo-r8x4-st4-lr5e-4-s10"
     assert name(row(algo="ppo", dual_clip=None)) == "ppo_nodc-r8x4-st4-lr5e-4-s10"
     assert name(row(algo="so_ppo", staleness=8, lr=3e-4)) == "so_ppo-r8x4-st8-lr3e-4-s10"
+    assert name(row(algo="ppo", anneal_lr=True)) == "ppo-r8x4-st4-lr5e-4-anneal-s10"
     assert name(row(algo="ppo", ctn="auto")) is None
     assert name(row(algo="so_ppo", ctn="auto")) is None
     assert name(row(algo="so_ppo", ctn="off")) == "so_ppo-r8x4-st4-lr5e-4-s10"
