@@ -100,6 +100,14 @@ class TrainConfig:
     warmstart_steps: int = 300
     warmstart_error_rate: float = 0.4
     warmstart_lr: float = 3e-3
+    warmstart_stuck_nll: float | None = 0.5
+    """A warm start whose demonstrations' cross-entropy (mean of its last 20 batches) is still above this at
+    ``warmstart_steps`` has not learnt them: it goes on (at most 3×) until that mean is at most
+    ``warmstart_target_nll``; None: exactly ``warmstart_steps``. Chosen on warm-start curves alone: a slow
+    seed sits on a plateau near 1.0 nats before it falls to the floor (≈ 0.25); of seeds 0–47 only 28 and
+    45 were above 0.5 at 300 steps (sampled reward 0.07 and 0.03 there, against 0.25–0.55 for the rest;
+    0.47 and 0.45 after 358 and 398 steps with the rule)."""
+    warmstart_target_nll: float = 0.3
     warmstart_cache: str | None = "~/.cache/sorl-monitor"
     """Folder where warm-started policies are kept (keyed by every setting that shapes them); None: no cache."""
     threads: int = 1
@@ -167,6 +175,10 @@ class TrainConfig:
                 raise ValueError(f"{name} must be in [0, 1], not {value}")
         if self.dual_clip is not None and not 1 < self.dual_clip < math.inf:
             raise ValueError(f"dual_clip must be a finite number > 1, not {self.dual_clip}")
+        for name, value in {"warmstart_stuck_nll": self.warmstart_stuck_nll,
+                            "warmstart_target_nll": self.warmstart_target_nll}.items():  # fmt: skip
+            if value is not None and not 0 < value < math.inf:
+                raise ValueError(f"{name} must be a finite number > 0, not {value}")
         if self.ctn_kl_cap is not None and not 1 < self.ctn_kl_cap < math.inf:
             raise ValueError(f"ctn_kl_cap must be a finite number > 1, not {self.ctn_kl_cap}")
         if self.ctn_target_clip is not None and not 0 < self.ctn_target_clip < 1:

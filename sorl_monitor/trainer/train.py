@@ -99,10 +99,13 @@ def train(cfg: TrainConfig, progress: Progress | None = None) -> TrainResult:
 
     warm_key = {"task": cfg.task, "policy": cfg.policy, "steps": cfg.warmstart_steps, "seed": cfg.seed,
                 "error_rate": cfg.warmstart_error_rate, "lr": cfg.warmstart_lr, "batch": cfg.episodes, "v": 1}  # fmt: skip
+    if cfg.warmstart_stuck_nll is not None:
+        warm_key.update(stuck_nll=cfg.warmstart_stuck_nll, target_nll=cfg.warmstart_target_nll)
     warm_gen = torch.Generator().manual_seed(cfg.seed + 3)
     cached_warm_start(policy, env, warm_key, cfg.warmstart_cache, lambda: warm_start(
         policy, env, cfg.warmstart_steps, cfg.warmstart_error_rate, cfg.warmstart_lr, cfg.episodes, warm_gen,
-        on_step=lambda s: report("warmup", s + 1, cfg.warmstart_steps, {})))  # fmt: skip
+        on_step=lambda s, total: report("warmup", s + 1, total, {}), stuck_nll=cfg.warmstart_stuck_nll,
+        target_nll=cfg.warmstart_target_nll))  # fmt: skip
     reference = copy.deepcopy(policy).eval().requires_grad_(False)
     behaviour = copy.deepcopy(policy).requires_grad_(False)
     history = collections.deque([copy.deepcopy(policy.state_dict())], maxlen=cfg.staleness + 1)
