@@ -36,6 +36,9 @@ DEFAULT_SETTINGS = ("default", "milder:lr=3e-4", "harsher:staleness=8")
 HOLD_FRACTION = 0.7
 HOLD_AFTER = 10  # iterations
 MA = 5  # iterations
+STUCK_WARM_STARTS = (28, 45)
+"""The seeds of 0–47 whose default warm start ``warmstart_stuck_nll`` lengthens (docs/trainer.md); on
+the others it stops at ``warmstart_steps`` with the same weights, so runs stored before the knob hold."""
 
 
 def parse_variant(variant: str) -> dict:
@@ -118,6 +121,15 @@ def predates_knob_alike(key: str, value, stored: dict) -> bool:
         return value == "off"  # before it, auto-CTN waited for the detectors' first warning
     if key == "ctn_raise_unclipped":  # before it, λ's controller raised λ whatever the gradient norm
         return not value
+    if key in ("warmstart_stuck_nll", "warmstart_target_nll"):  # before them: exactly warmstart_steps
+        if key == "warmstart_target_nll" or value is None:
+            return True  # the target acts only through the stuck rule
+        from sorl_monitor.trainer.config import TrainConfig
+
+        default = json.loads(json.dumps(TrainConfig().to_dict()))
+        warm = ("warmstart_steps", "warmstart_error_rate", "warmstart_lr", "episodes", "task", "policy")
+        return (all(stored.get(name) == default[name] for name in warm)
+                and stored["seed"] in range(48) and stored["seed"] not in STUCK_WARM_STARTS)  # fmt: skip
     return True  # later knobs whose default keeps the old behaviour
 
 

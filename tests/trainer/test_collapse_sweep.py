@@ -69,6 +69,16 @@ def test_a_run_from_before_ctn_raise_unclipped_is_reused_only_without_it(tmp_pat
         assert collapse_sweep.reusable(stored_run(tmp_path / f"r{value}", old), cfg) is reused
 
 
+def test_a_run_from_before_the_stuck_warm_start_rule_is_reused_unless_its_warm_start_changes(tmp_path):
+    """Seeds 28 and 45 were stuck at 300 warm-start steps; other seeds of 0–47 trained alike, other warm starts unknown."""
+    cases = [({"seed": 3}, True), ({"seed": 45}, False), ({"seed": 28}, False), ({"seed": 48}, False),
+             ({"seed": 3, "warmstart_error_rate": 0.2}, False), ({"seed": 45, "warmstart_stuck_nll": None}, True)]  # fmt: skip
+    for i, (change, reused) in enumerate(cases):
+        cfg = TrainConfig(iterations=5, **change).to_dict()
+        old = {key: v for key, v in cfg.items() if key not in ("warmstart_stuck_nll", "warmstart_target_nll")}
+        assert collapse_sweep.reusable(stored_run(tmp_path / f"r{i}", old), cfg) is reused, change
+
+
 def test_unfinished_or_unreadable_runs_are_trained_again(tmp_path):
     cfg = TrainConfig().to_dict()
     assert not collapse_sweep.reusable(stored_run(tmp_path / "a", cfg, status="running"), cfg)
