@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Regenerates sample_logs/: real runs of the bundled trainer (default off-policy setting: lr 5e-4,
-# 8 epochs × 4 mini-batches, rollouts 4 iterations stale, dual-clip 3, geometric-mean turn ratio,
+# Regenerates sample_logs/: real runs of the bundled trainer (default off-policy setting: lr 6e-4
+# decayed linearly to 0 over the run, 8 epochs × 4 mini-batches, rollouts 4 iterations stale, dual-clip 3, geometric-mean turn ratio,
 # CTN λ adapting from 32 towards a clip fraction of 0.05, its k3 gradient capped at 3), turn rows of
 # each iteration's first update. 50 iterations (1,600 updates) keep the folder under 5 MB.
 # Usage: sample_logs/make_sample_logs.sh   (from the repository root, after `make install`)

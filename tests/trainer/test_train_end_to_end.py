@@ -119,7 +119,7 @@ def test_lambda_is_not_raised_while_updates_are_gradient_clipped_when_asked(tmp_
 def test_warmup_raises_the_learning_rate_linearly_then_anneal_decays_it():
     from sorl_monitor.trainer.train import learning_rate
 
-    cfg = TrainConfig(lr=1e-3, iterations=8, warmup_iterations=4)
+    cfg = TrainConfig(lr=1e-3, iterations=8, warmup_iterations=4, anneal_lr=False)
     assert [learning_rate(cfg, i) for i in range(6)] == pytest.approx(
         [2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3]
     )
@@ -156,8 +156,8 @@ def test_auto_ctn_switches_within_a_rollout_batch_and_lambda_judges_only_updates
 
     monkeypatch.setattr(train_module, "CtnGuard", ScriptedGuard)
     # 2 epochs × 2 mini-batches = 4 updates per batch; the guard looks after every second update
-    cfg = tiny("ppo", tmp_path, ctn="auto", ctn_guard_every=2, ctn_target_clip=1e-4, ctn_coef=1.0,
-               ctn_coef_max=8.0, lr=1e-2)  # fmt: skip
+    cfg = tiny("ppo", tmp_path, ctn="auto", ctn_auto_start="off", ctn_guard_every=2, ctn_target_clip=1e-4,
+               ctn_coef=1.0, ctn_coef_max=8.0, lr=1e-2)  # fmt: skip
     train(cfg)
     with open_runs(tmp_path) as runs:
         active = runs.sql("SELECT step, ctn_active, ctn_coef FROM steps ORDER BY step").to_pylist()
@@ -170,7 +170,8 @@ def test_auto_ctn_switches_within_a_rollout_batch_and_lambda_judges_only_updates
     assert actions[0] == {"step": 3, "detector": "ctn_on"}
     # batch 0 ran without CTN, so λ's controller first judged batch 1: one doubling, 1 → 2, after step 7
     assert [a["detector"] for a in actions] == ["ctn_on", "ctn_coef"]
-    cfg2 = tiny("ppo", tmp_path / "mid", ctn="auto", ctn_guard_every=1, ctn_target_clip=1e-4, lr=1e-2)
+    cfg2 = tiny("ppo", tmp_path / "mid", ctn="auto", ctn_auto_start="off", ctn_guard_every=1,
+                ctn_target_clip=1e-4, lr=1e-2)
     train(cfg2)
     assert ScriptedGuard.looks == list(range(8))
     with open_runs(tmp_path / "mid") as runs:
