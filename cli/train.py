@@ -133,11 +133,11 @@ DEMO_RUNS = {
     "token-ppo": ({"algo": "ppo"}, "token-level PPO, no CTN"),
     "so-ppo-auto-ctn": (
         {"algo": "so_ppo", "ctn": "auto"},
-        "SO-PPO (turn-level IS), CTN switched by the live detectors",
+        "SO-PPO (turn-level IS), CTN on from the start, then switched by the live detectors",
     ),
     "ppo-auto-ctn": (
         {"algo": "ppo", "ctn": "auto"},
-        "the same token PPO, CTN switched by the live detectors",
+        "the same token PPO, CTN on from the start, then switched by the live detectors",
     ),
 }
 """The demo's runs: name → (TrainConfig fields, what it is)."""
@@ -173,8 +173,9 @@ def demo_command(
     for name in DEMO_RUNS:
         shutil.rmtree(Path(log_dir) / name, ignore_errors=True)  # the demo's own previous runs
     cfg = next(iter(configs.values()))
+    decay = " decayed linearly to 0" if cfg.anneal_lr else ""
     console.print(f"Real trainings on the multi-turn search task, seed {seed}, the same off-policy setting: "
-                  f"lr {cfg.lr:g}, {cfg.epochs} epochs × {cfg.minibatches} mini-batches per rollout batch, "
+                  f"lr {cfg.lr:g}{decay}, {cfg.epochs} epochs × {cfg.minibatches} mini-batches per rollout batch, "
                   f"rollouts {cfg.staleness} iterations stale, {steps} iterations ({steps * cfg.epochs * cfg.minibatches} "
                   "updates) each:")  # fmt: skip
     for name, (_, what) in DEMO_RUNS.items():

@@ -27,7 +27,6 @@ from sorl_monitor.metrics import masked_mean
 from sorl_monitor.trainer.env import SearchEnv
 from sorl_monitor.trainer.policy import PolicyWithValue
 
-
 NLL_WINDOW = 20
 """Batches the warm start's stopping rule averages the cross-entropy over."""
 MAX_STEPS_FACTOR = 3

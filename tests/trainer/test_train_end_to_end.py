@@ -170,8 +170,15 @@ def test_auto_ctn_switches_within_a_rollout_batch_and_lambda_judges_only_updates
     assert actions[0] == {"step": 3, "detector": "ctn_on"}
     # batch 0 ran without CTN, so λ's controller first judged batch 1: one doubling, 1 → 2, after step 7
     assert [a["detector"] for a in actions] == ["ctn_on", "ctn_coef"]
-    cfg2 = tiny("ppo", tmp_path / "mid", ctn="auto", ctn_auto_start="off", ctn_guard_every=1,
-                ctn_target_clip=1e-4, lr=1e-2)
+    cfg2 = tiny(
+        "ppo",
+        tmp_path / "mid",
+        ctn="auto",
+        ctn_auto_start="off",
+        ctn_guard_every=1,
+        ctn_target_clip=1e-4,
+        lr=1e-2,
+    )
     train(cfg2)
     assert ScriptedGuard.looks == list(range(8))
     with open_runs(tmp_path / "mid") as runs:

@@ -9,10 +9,14 @@ from sorl_monitor.trainer.policy import PolicyConfig, PolicyWithValue
 from sorl_monitor.trainer.warmstart import MAX_STEPS_FACTOR, warm_start
 
 
-def run(steps: int, stuck_nll: float | None, target_nll: float = 0.3) -> tuple[int, dict, list[tuple[int, int]]]:
+def run(
+    steps: int, stuck_nll: float | None, target_nll: float = 0.3
+) -> tuple[int, dict, list[tuple[int, int]]]:
     torch.manual_seed(0)
     env = SearchEnv(TaskConfig(max_hops=2, max_turns=3))
-    policy = PolicyWithValue(len(env.vocab), env.seq_len, PolicyConfig(hidden_size=16, layers=1, heads=2, intermediate_size=32))
+    policy = PolicyWithValue(
+        len(env.vocab), env.seq_len, PolicyConfig(hidden_size=16, layers=1, heads=2, intermediate_size=32)
+    )
     calls: list[tuple[int, int]] = []
     ran = warm_start(policy, env, steps, 0.4, 3e-3, 8, torch.Generator().manual_seed(1),
                      on_step=lambda step, total: calls.append((step, total)), stuck_nll=stuck_nll,
