@@ -47,11 +47,13 @@ class TrainConfig:
     ctn_kl_cap: float | None = 3.0
     """Bound CTN's k3 gradient: beyond ``r = c`` (and below ``1/c``) the KL continues linearly in ``log r``;
     None: plain k3 (gradient ``r − 1``, unbounded for stale ratios)."""
-    ctn_quiet_updates: int = 256
-    """auto: updates without a tripped detector before CTN goes off again. The detectors judge rises over a
-    run's own quiet level, so they go quiet once a rise settles even though the drift remains; at 32,
-    PPO + auto-CTN collapsed in 1 of 4 seeds of the then default setting, lr 1e-3 with 4 × 4 reuse
-    (final reward 0.49), at 256 in 0 of 4 (final 0.65)."""
+    ctn_quiet_updates: int = 1024
+    """auto: updates without a tripped detector before CTN goes off again (1024: 32 rollout iterations at
+    8 × 4 reuse). The detectors judge rises over a run's own quiet level, so they go quiet once a rise settles
+    even though the drift remains, and each switch-off was followed within an iteration or two by a clip and
+    KL spike. At 256, PPO + auto-CTN held 7/8 tuning seeds and 6/8 of seeds 60–67; at 1024 8/8 of both (final
+    0.79 against 0.81: CTN on longer costs a little reward); at 32 in the older lr 1e-3 setting it collapsed
+    in 1 of 4 (docs/trainer.md)."""
     ctn_auto_start: str = "on"
     """auto: whether CTN is on from the first update (on: armed, then off after ``ctn_quiet_updates`` quiet
     updates and on again at a warning) or waits for the detectors' first warning (off). On removes the
