@@ -64,7 +64,8 @@ class CtnGuard:
         config: detector thresholds (the same ``DetectorConfig`` the post-mortem uses).
         trip_on: detectors whose firing turns CTN on.
         quiet_updates: updates without any ``trip_on`` firing before CTN goes off again (the bundled
-            trainer passes its ``ctn_quiet_updates``, 1024: each switch-off there was followed by a clip spike).
+            trainer passes its ``ctn_quiet_updates``, 1024: in its failing runs at 256 each switch-off was
+            followed by a clip spike).
         min_severity: ``"warning"`` (default: act early) or ``"critical"``.
         start_active: begin with CTN on (armed), as if a detector had fired just before the first update,
             so it goes off only after ``quiet_updates`` updates without a firing.
