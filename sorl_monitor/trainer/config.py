@@ -49,11 +49,11 @@ class TrainConfig:
     None: plain k3 (gradient ``r − 1``, unbounded for stale ratios)."""
     ctn_quiet_updates: int = 1024
     """auto: updates without a tripped detector before CTN goes off again (1024: 32 rollout iterations at
-    8 × 4 reuse). The detectors judge rises over a run's own quiet level, so they go quiet once a rise settles
-    even though the drift remains; in the runs that failed at 256, each switch-off was followed within an
-    iteration or two by a clip and KL spike. At 256, PPO + auto-CTN held 7/8 tuning seeds and 6/8 of seeds 60–67; at 1024 8/8 of both (final
-    0.79 against 0.81: CTN on longer costs a little reward); at 32 in the older lr 1e-3 setting it collapsed
-    in 1 of 4 (docs/trainer.md)."""
+    8 × 4 reuse). The detectors judge rises over a run's own quiet level, so they go quiet once a rise
+    settles even though the drift remains; in the runs that failed at 256, each switch-off was followed
+    within an iteration or two by a clip and KL spike. At 256, PPO + auto-CTN held 7/8 tuning seeds and 6/8
+    of seeds 60–67; at 1024 8/8 of both (final 0.79 against 0.81: CTN on longer costs a little reward); at
+    32 in the older lr 1e-3 setting it collapsed in 1 of 4 (docs/trainer.md)."""
     ctn_auto_start: str = "on"
     """auto: whether CTN is on from the first update (on: armed, then off after ``ctn_quiet_updates`` quiet
     updates and on again at a warning) or waits for the detectors' first warning (off). On removes the
