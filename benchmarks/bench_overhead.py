@@ -22,9 +22,11 @@ the device (``torch.cuda.synchronize``), and the monitor's own time is the wall 
 call (it queues work and returns). A last line counts the synchronizing operations inside one
 ``log_update`` (``torch.cuda.set_sync_debug_mode``, which sees blocking copies and stream/device syncs)
 and the waits on an in-flight copy (``transfer.STATS.waits``, which that mode does not see); on the CPU
-there is nothing to count ("n/a").
+there is nothing to count ("n/a"). ``--compare-sync`` adds blocks with ``log_update(sync=True)`` (a wait for
+each update's copy, as before issue #29), between plain blocks of their own, for a same-run comparison.
 
-    python benchmarks/bench_overhead.py [--device cpu|cuda] [--blocks 24] [--block-seconds 4] [--models ...]
+    python benchmarks/bench_overhead.py [--device cpu|cuda] [--blocks 24] [--block-seconds 4] [--compare-sync]
+                                        [--models ...]
 """
 
 from __future__ import annotations
@@ -75,10 +77,15 @@ def count_syncs(call) -> tuple[int, int]:
 
 
 def ppo_update(
-    model, optimizer, batch, monitor: Monitor | None, syncs: list[tuple[int, int]] | None = None
+    model,
+    optimizer,
+    batch,
+    monitor: Monitor | None,
+    syncs: list[tuple[int, int]] | None = None,
+    sync: bool = False,
 ) -> float:
     """One clipped-surrogate update; returns the monitor's own time in ms (0 without it). With ``syncs``
-    (CUDA), appends what ``count_syncs`` counts inside ``log_update``."""
+    (CUDA), appends what ``count_syncs`` counts inside ``log_update``; ``sync`` is log_update's."""
     ids, old_logp, mask, turn_ids, advantages, rewards = batch
     logits = model(input_ids=ids).logits[:, :-1]
     logp = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
@@ -94,7 +101,7 @@ def ppo_update(
         def log() -> None:
             monitor.log_update(logp=logp, old_logp=old_logp, mask=mask, turn_ids=turn_ids,
                                advantages=advantages, rewards=rewards, grad_norm=grad_norm,
-                               extra={"loss": loss})  # fmt: skip
+                               extra={"loss": loss}, sync=sync)  # fmt: skip
 
         started = time.perf_counter()
         log() if syncs is None else syncs.append(count_syncs(log))
@@ -166,19 +173,19 @@ def build(
     return model, optimizer, make_batch(kwargs["vocab_size"], batch_size, length, device), n_params
 
 
-def measure(name: str, blocks: int, block_seconds: float, device: str) -> None:
+def measure(name: str, blocks: int, block_seconds: float, device: str, compare_sync: bool = False) -> None:
     model, optimizer, batch, n_params = build(name, device)
     batch_size, length = batch[0].shape
     wait = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     with tempfile.TemporaryDirectory() as log_dir, Monitor(log_dir, "overhead") as mon:
         mon.watch(model)
 
-        def block(n: int, monitor: Monitor | None) -> tuple[float, float, list[float]]:
+        def block(n: int, monitor: Monitor | None, sync: bool = False) -> tuple[float, float, list[float]]:
             """Wall seconds per update, background CPU seconds per update, monitor_ms of each update."""
             wait()
             cpu = background_cpu_s()
             started = time.perf_counter()
-            own = [ppo_update(model, optimizer, batch, monitor) for _ in range(n)]
+            own = [ppo_update(model, optimizer, batch, monitor, sync=sync) for _ in range(n)]
             if monitor is not None:
                 monitor.flush()
             wait()
@@ -187,22 +194,31 @@ def measure(name: str, blocks: int, block_seconds: float, device: str) -> None:
         warm_up = [block(2, monitor)[0] for monitor in (None, mon, None, mon)]  # both paths
         busy, own_cpu, started = machine_busy_s(), time.process_time(), time.perf_counter()
         n = max(2, round(block_seconds / min(warm_up[0], warm_up[2])))
-        plain, monitored, background, own = [block(n, None)[0]], [], [], []
+        timeline, background, own = [("plain", block(n, None)[0])], [], []
         for _ in range(blocks):
             seconds, cpu, own_ms = block(n, mon)
-            monitored.append(seconds)
+            timeline += [("monitor", seconds), ("plain", block(n, None)[0])]
             background.append(cpu)
             own.extend(own_ms)
-            plain.append(block(n, None)[0])
+            if compare_sync:  # the same monitor, waiting for each update's copy (as before issue #29)
+                timeline += [("sync", block(n, mon, sync=True)[0]), ("plain", block(n, None)[0])]
         others = (machine_busy_s() - busy - (time.process_time() - own_cpu)) / (time.perf_counter() - started)
         syncs: list[tuple[int, int]] = []
         if device == "cuda":  # three updates in a row, each log_update's own syncs and waits
             for _ in range(3):
                 ppo_update(model, optimizer, batch, mon, syncs)
-    effects = [
-        m / ((before + after) / 2) - 1
-        for before, m, after in zip(plain[:-1], monitored, plain[1:], strict=True)
-    ]
+
+    def arm_effects(arm: str) -> list[float]:
+        """Each block of ``arm``: its time per update over the mean of the plain blocks around it − 1."""
+        return [
+            seconds / ((timeline[i - 1][1] + timeline[i + 1][1]) / 2) - 1
+            for i, (kind, seconds) in enumerate(timeline)
+            if kind == arm
+        ]
+
+    plain = [seconds for kind, seconds in timeline if kind == "plain"]
+    monitored = [seconds for kind, seconds in timeline if kind == "monitor"]
+    effects = arm_effects("monitor")
     base, with_mon = statistics.median(plain), statistics.median(monitored)
     effect = statistics.median(effects)
     low, high = median_interval(effects)
@@ -210,7 +226,8 @@ def measure(name: str, blocks: int, block_seconds: float, device: str) -> None:
     own_ms, background_ms = statistics.median(own), statistics.mean(background) * 1e3
     where = torch.cuda.get_device_name() if device == "cuda" else f"cpu, {torch.get_num_threads()} threads"
     print(f"{name}: {n_params / 1e6:.1f} M parameters, batch {batch_size}×{length}, {where}; "
-          f"{blocks} blocks of {n} updates with the monitor, {blocks + 1} without, alternating")  # fmt: skip
+          f"{blocks} blocks of {n} updates with the monitor{' (and as many with sync=True)' if compare_sync else ''}, "
+          f"{len(plain)} without, alternating")  # fmt: skip
     print(f"  update without monitor        : {base * 1e3:8.1f} ms (median of blocks)")
     print(f"  update with monitor           : {with_mon * 1e3:8.1f} ms (median of blocks)")
     print(f"  END-TO-END OVERHEAD           : {effect:+.2%} per update (median of {blocks} blocks; "
@@ -221,6 +238,11 @@ def measure(name: str, blocks: int, block_seconds: float, device: str) -> None:
           f"→ {background_ms / 1e3 / base:.2%} of an update (mean)")  # fmt: skip
     print(f"  per block                     : {' '.join(f'{e:+.1%}' for e in effects)}")
     print(f"  other processes meanwhile     : {max(others, 0.0):.2f} of {os.cpu_count()} cores on average")
+    if compare_sync:
+        synced = arm_effects("sync")
+        sync_low, sync_high = median_interval(synced)
+        print(f"  with log_update(sync=True)    : {statistics.median(synced):+.2%} per update (median of {blocks} "
+              f"blocks; 95 % CI {sync_low:+.2%} … {sync_high:+.2%}): waiting for each copy, as before")  # fmt: skip
     if syncs:
         counted = ", ".join(f"{s} syncs + {w} waits" for s, w in syncs)
         print(f"  synchronizing ops per log_update (3 in a row): {counted}")
@@ -244,6 +266,8 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=24, help="blocks with the monitor (one more without)")
     parser.add_argument("--block-seconds", type=float, default=4.0, help="about how long one block runs")
     parser.add_argument("--threads", type=int, default=2, help="CPU threads of torch (on the CPU)")
+    parser.add_argument("--compare-sync", action="store_true",
+                        help="also run blocks with log_update(sync=True) (a wait per update, as before)")  # fmt: skip
     parser.add_argument(
         "--models", nargs="+", help=f"cpu: {', '.join(MODELS)}; cuda: {', '.join(CUDA_MODELS)}"
     )
@@ -258,7 +282,7 @@ def main() -> None:
         )
     torch.set_num_threads(args.threads)
     for name in args.models or list(known):
-        measure(name, args.blocks, args.block_seconds, args.device)
+        measure(name, args.blocks, args.block_seconds, args.device, args.compare_sync)
 
 
 if __name__ == "__main__":
