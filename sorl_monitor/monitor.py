@@ -9,11 +9,11 @@
 
 The monitor coordinates modules with one job each: ``metrics`` computes an update's metrics on the
 tensors' device, ``module_tracker`` the per-module norms, ``transfer`` queues their one copy to the host
-(never waiting on the device: docs/attach.md, "No sync in the training step"), ``in_flight`` finishes each
-update's rows, in order, once its copy has landed, ``writer`` writes rows to Parquet in the background, ``run_info`` keeps ``run.json`` and the run's end
-status (finished, failed, interrupted, terminated), ``warn`` reports failures. Nothing here raises into
-the training loop once the monitor is built: a failure is counted (``monitor_errors``) and warned about
-once.
+(never waiting on the device: docs/attach.md, "No sync in the training step"), ``in_flight`` finishes
+each update's rows, in order, once its copy has landed, ``writer`` writes rows to Parquet in the
+background, ``run_info`` keeps ``run.json`` and the run's end status (finished, failed, interrupted,
+terminated), ``warn`` reports failures. Nothing here raises into the training loop once the monitor is
+built: a failure is counted (``monitor_errors``) and warned about once.
 """
 
 from __future__ import annotations
