@@ -437,8 +437,10 @@ def update_metrics(
         nonfinite = nonfinite + (~reward_ok).sum().to(dtype)
         for name, value in value_stats(episode_reward, reward_ok).items():
             s[f"reward_{name}"] = value
-        if group_ids is not None:
-            group = group_reward_stats(torch.where(reward_ok, episode_reward, 0.0), group_ids.to(logp.device))
+        if group_ids is not None:  # host ids: an async copy (pageable memory is staged at once, no wait)
+            group = group_reward_stats(
+                torch.where(reward_ok, episode_reward, 0.0), group_ids.to(logp.device, non_blocking=True)
+            )
             s["group_reward_std"] = group["std_mean"]
             s["zero_std_group_frac"] = group["zero_std_frac"]
     s["nonfinite_count"] = nonfinite

@@ -26,10 +26,11 @@ ROOT = Path(__file__).resolve().parents[1]
 VARYING = {"wall_time", "monitor_ms", "run_id"}  # differ between two runs of the same inputs
 
 
-def log_run(tmp_path, name: str, held=None, updates: int = 7) -> list[dict]:
+def log_run(tmp_path, name: str, held=None, updates: int = 7) -> tuple[list[dict], list[int]]:
     """Log ``updates`` synthetic updates (plus a ``log_scalars`` row and an alert between them); with
     ``held``, update i's copy lands only after update i+1 was logged (i+2 for every third update).
-    Returns the metrics computed directly from each update's inputs."""
+    Returns the metrics computed directly from each update's inputs, and the steps in the order the live
+    window (``recent_steps``, what a guard reads) holds them."""
     generator = torch.Generator().manual_seed(0)
     model = small_model()
     direct = []
@@ -47,7 +48,8 @@ def log_run(tmp_path, name: str, held=None, updates: int = 7) -> list[dict]:
             if held is not None and i % 3 != 2:
                 for event in held.events[:-1]:
                     event.land()
-    return direct
+        order = mon.recent_steps().column("step").to_pylist()
+    return direct, order
 
 
 def nan_as_text(value):
@@ -74,10 +76,11 @@ def read(run) -> dict[str, list[dict]]:
 def test_rows_written_with_the_copy_in_flight_equal_rows_written_at_once_step_for_step(tmp_path, monkeypatch):
     """Synthetic updates: the deferred path writes the same steps, turns, modules and alerts rows as the
     copy that lands at once, and each steps row holds the metrics computed directly from its inputs."""
-    direct = log_run(tmp_path, "at-once")
+    direct, order = log_run(tmp_path, "at-once")
     at_once = read(tmp_path / "at-once")
     held = hold(monkeypatch)
-    assert log_run(tmp_path, "held", held) == direct
+    assert log_run(tmp_path, "held", held) == (direct, order)
+    assert order == [0, 2, 4, 6, 7, 8, 10, 12]  # the scalars row of step 7 after update 6, as logged
     deferred = read(tmp_path / "held")
     assert len(held.events) == 7 and sum(e.waited for e in held.events) >= 1  # close() waited
     assert deferred == at_once
