@@ -22,6 +22,7 @@ import concurrent.futures
 import contextlib
 import json
 import math
+import os
 import threading
 import time
 import warnings
@@ -151,6 +152,11 @@ class _Run:
         return False
 
 
+USER_SQL_THREADS = max(1, (os.cpu_count() or 1) // 2)
+"""Threads of a user's SQL statement over a ``LiveRuns``' run set: half the cores, so other viewers keep
+the other half (``RunSet``'s ``user_sql_threads``)."""
+
+
 class LiveRuns:
     """The runs of a log dir (or of an open ``RunSet``), read incrementally; safe to share between threads.
 
@@ -234,7 +240,7 @@ class LiveRuns:
             )
             return False
         try:
-            self.run_set = open_runs(self.log_dir, self.fmt)
+            self.run_set = open_runs(self.log_dir, self.fmt, user_sql_threads=USER_SQL_THREADS)
         except QueryError as error:
             if not self.log_dir.is_dir():
                 self.problem = f"{self.log_dir} is a file that cannot be read as a log: {error}"

@@ -34,6 +34,9 @@ ARGS = [
 RUN = "live-ppo"
 STATUS = re.compile(rf"{RUN} · ppo · live · step (\d+)")
 CROSS_JOIN = "SELECT count(*) FROM turns a, turns b, turns c"
+SQL_LIMIT_S = 30
+"""The SQL tab's time limit in the sample dashboard: far above the overview's drawing time on a loaded
+machine (16 s seen with a load of 17 on 2 cores), so the overview draws while the cross join still runs."""
 CHART = ".st-key-{key} iframe"
 """The iframe of the live chart called ``key``."""
 
@@ -217,8 +220,8 @@ def test_a_zoom_survives_three_live_redraws_and_each_view_is_kept_as_a_screensho
 
 @pytest.fixture(scope="module")
 def sample_dashboard(tmp_path_factory, browser) -> Iterator[tuple[subprocess.Popen, int, Path, Path]]:
-    """``sorl dashboard`` (SQL time limit 6 s) on a copy of ``sample_logs/`` whose token-ppo has a truncated
-    turns part; the server, its port, the truncated part and the server's log."""
+    """``sorl dashboard`` (SQL time limit ``SQL_LIMIT_S``) on a copy of ``sample_logs/`` whose token-ppo has a
+    truncated turns part; the server, its port, the truncated part and the server's log."""
     if not SAMPLE_LOGS.is_dir():
         pytest.skip("sample_logs/ is not on this branch")
     folder = tmp_path_factory.mktemp("sample") / "logs"
@@ -226,7 +229,7 @@ def sample_dashboard(tmp_path_factory, browser) -> Iterator[tuple[subprocess.Pop
     victim = sorted((folder / "token-ppo" / "turns").glob("rank=*/part-*.parquet"))[0]
     victim.write_bytes(victim.read_bytes()[:4096])
     log = folder.parent / "dash.log"
-    server, port = start_dashboard(folder, log, "--sql-timeout", "6")
+    server, port = start_dashboard(folder, log, "--sql-timeout", str(SQL_LIMIT_S))
     yield server, port, victim, log
     stop(server)
 
@@ -250,6 +253,8 @@ def test_a_truncated_part_is_named_on_the_page_with_its_reason(sample_dashboard,
 def test_a_runaway_cross_join_is_stopped_by_its_limit_while_a_second_viewer_loads_the_overview(
     sample_dashboard, browser
 ):
+    """No tight clock: the overview must draw before the statement's time limit (``SQL_LIMIT_S``) stops it,
+    and the statement must stop at that limit, not before (and not never: the wait for it is bounded)."""
     _, port, _, _ = sample_dashboard
     sql_page = browser.new_page(viewport={"width": 1400, "height": 900})
     sql_page.goto(f"http://127.0.0.1:{port}/?view=SQL")
@@ -257,22 +262,20 @@ def test_a_runaway_cross_join_is_stopped_by_its_limit_while_a_second_viewer_load
     sql_page.get_by_role("textbox", name="SQL").fill(CROSS_JOIN)
     submitted = time.monotonic()
     sql_page.get_by_role("button", name="Run", exact=True).click()
-    sql_page.get_by_text("running for").wait_for(timeout=10_000)
+    sql_page.get_by_text("running for").wait_for(timeout=30_000)
 
     other = browser.new_page(viewport={"width": 1600, "height": 1000})
     other.goto(f"http://127.0.0.1:{port}/?runs=grpo")
-    drawn_chart(other, "overview", timeout_s=30)
-    overview_drawn = time.monotonic() - submitted
+    drawn_chart(other, "overview", timeout_s=SQL_LIMIT_S + 60)
     still_running = sql_page.get_by_text("running for").count() > 0
-    sql_page.get_by_text("time limit of 6 s").wait_for(timeout=30_000)
+    sql_page.get_by_text(f"time limit of {SQL_LIMIT_S} s").wait_for(timeout=(SQL_LIMIT_S + 60) * 1000)
     stopped = time.monotonic() - submitted
     screenshot(sql_page, "sql-time-limit")
     sql_page.close()
     other.close()
 
-    assert still_running, "the second viewer's overview drew while the cross join ran"
-    assert overview_drawn < 6
-    assert 5.5 < stopped < 15
+    assert still_running, "the second viewer's overview drew only after the cross join stopped"
+    assert stopped > SQL_LIMIT_S - 0.5
 
 
 def test_stop_cancels_a_query_and_the_server_stops_within_seconds_of_sigterm_while_one_runs(

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sorl_monitor.cli.main import app
-from sorl_monitor.detectors import OLD_NAMES, DetectorConfig, load_config
+from sorl_monitor.detectors import OLD_NAMES, DetectorConfig
 from sorl_monitor.postmortem import PostmortemConfig, label_collapse, load_configs
 from sorl_monitor.query import open_runs
 from tests.detectors.synthetic import collapse_reward, stable_rows, write_rows
@@ -79,11 +79,9 @@ def test_sorl_postmortem_set_routes_a_postmortem_setting_synthetic(tmp_path):
     assert runner.invoke(app, ["postmortem", str(run), "--set", "collapse_min_peak=1e9"]).exit_code == 0
 
 
-def test_detector_config_still_answers_a_moved_setting_with_its_default_and_a_deprecation_note():
-    with pytest.warns(DeprecationWarning, match="collapse_fraction moved to postmortem.PostmortemConfig"):
-        assert DetectorConfig().collapse_fraction == PostmortemConfig().collapse_fraction
-    with pytest.raises(AttributeError, match="no_such_setting"):
-        DetectorConfig().no_such_setting  # noqa: B018
+def test_a_moved_setting_is_not_a_detector_setting():
+    with pytest.raises(AttributeError, match="collapse_fraction"):
+        DetectorConfig().collapse_fraction  # noqa: B018
 
 
 # ---------------------------------------------------------------------------------------- old names
@@ -93,7 +91,7 @@ def test_an_old_severe_name_in_a_toml_file_is_read_as_critical_with_a_deprecatio
     with pytest.warns(
         FutureWarning, match="entropy_rise_severe is deprecated: read as entropy_rise_critical"
     ):
-        config = load_config(path)
+        config, _ = load_configs(path)
     assert config.entropy_rise_critical == 6.0
 
 
@@ -112,13 +110,13 @@ def test_every_critical_threshold_has_its_old_name_but_clip_frac_severe_is_not_o
 
 def test_an_old_name_next_to_its_new_name_is_an_error():
     with pytest.raises(ValueError, match="echo_trap_critical is given twice"):
-        load_config(None, ["echo_trap_severe=0.9", "echo_trap_critical=0.8"])
+        load_configs(None, ["echo_trap_severe=0.9", "echo_trap_critical=0.8"])
 
 
 def test_the_deprecation_note_goes_to_stderr_under_w_error_instead_of_raising(capsys):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        config = load_config(None, ["nonfinite_severe=2"])
+        config, _ = load_configs(None, ["nonfinite_severe=2"])
     assert config.nonfinite_critical == 2.0
     err = capsys.readouterr().err
     assert (

@@ -1,0 +1,131 @@
+"""No import cycle among ``sorl_monitor``'s own modules, and every module imports in a fresh interpreter.
+
+The graph is read from the source (``ast``), over the packages ``pyproject.toml`` installs: an edge
+``a → b`` for each ``import b`` / ``from b import x`` in ``a`` (at any depth, lazy imports included), where
+``from pkg import sub`` points at the submodule ``pkg.sub``, not at ``pkg``'s ``__init__``.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def package_modules() -> dict[str, Path]:
+    """Each module name of the installed packages → its source file (``[tool.setuptools]`` packages, dirs)."""
+    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    dirs = setup.get("package-dir", {})
+    modules = {}
+    for package in setup["packages"]:
+        top = next(
+            (p for p in sorted(dirs, key=len, reverse=True) if package == p or package.startswith(p + ".")),
+            None,
+        )
+        folder = (
+            ROOT / dirs[top] / package[len(top) + 1 :].replace(".", "/")
+            if top
+            else ROOT / package.replace(".", "/")
+        )
+        modules[package] = folder / "__init__.py"
+        for file in folder.glob("*.py"):
+            if file.name != "__init__.py":
+                modules[f"{package}.{file.stem}"] = file
+    return modules
+
+
+def imported_modules(name: str, file: Path, known: set[str]) -> set[str]:
+    """The package's own modules that ``file`` (module ``name``) imports."""
+    found = set()
+    for node in ast.walk(ast.parse(file.read_text(), str(file))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                parts = name.split(".")[: len(name.split(".")) - node.level + (file.name == "__init__.py")]
+                module = ".".join([*parts, module] if module else parts)
+            submodules = {f"{module}.{alias.name}" for alias in node.names}
+            found |= submodules & known
+            if not submodules <= known:
+                found.add(module)
+    return (found & known) - {name}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while not component or component[-1] != node:
+                component.append(stack.pop())
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = package_modules()
+    return {name: imported_modules(name, file, set(modules)) for name, file in modules.items()}
+
+
+def test_the_package_has_no_import_cycle():
+    graph = import_graph()
+    assert "sorl_monitor.detectors" in graph and "sorl_monitor.cli.main" in graph
+    assert cycles(graph) == []
+
+
+def test_the_cycle_check_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+@pytest.mark.slow
+def test_every_module_imports_in_a_fresh_interpreter():
+    """Leaves first (each module after what it imports); a module whose optional third-party package is
+    absent (e.g. verl) is skipped, any other ``ImportError`` fails."""
+    graph, order = import_graph(), []
+
+    def place(name: str) -> None:
+        if name not in order:
+            for target in sorted(graph[name]):
+                place(target)
+            order.append(name)
+
+    for name in sorted(graph):
+        place(name)
+    script = (
+        "import importlib, sys\n"
+        "for name in sys.argv[1:]:\n"
+        "    try:\n"
+        "        importlib.import_module(name)\n"
+        "    except ModuleNotFoundError as error:\n"
+        "        if (error.name or '').split('.')[0] == 'sorl_monitor':\n"
+        "            raise\n"
+        "        print('skipped', name, error.name)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, *order], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
