@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from sorl_monitor.cli import core, diagnose, ingest
+from sorl_monitor.cli import core, diagnose, fleet, ingest
 from sorl_monitor.cli import dashboard as dashboard_cli
 from sorl_monitor.cli import train as train_cli
 
@@ -26,6 +26,7 @@ app.command("postmortem")(diagnose.postmortem)
 app.command("report")(diagnose.report)
 app.command("compare")(diagnose.compare)
 app.command("watch")(diagnose.watch)
+app.command("fleet")(fleet.fleet)
 app.command("dashboard")(dashboard_cli.dashboard_command)
 
 

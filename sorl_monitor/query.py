@@ -63,6 +63,7 @@ from sorl_monitor.schema import (
     type_conflicts,
     visible_parts,
 )
+from sorl_monitor.verdict_table import VERDICT_COLUMNS, read_verdicts, verdict_table
 from sorl_monitor.writer import check_setting
 
 QUERY_MISTAKES = (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException)
@@ -280,6 +281,7 @@ class RunSet:
         fmt: str | None = None,
         *,
         memory_limit: str | None = None,
+        threads: int | None = None,
     ) -> None:
         self.roots = _as_paths(paths)
         try:
@@ -303,7 +305,7 @@ class RunSet:
         self._files: dict[str, tuple[str, ...]] = {}
         self._run_paths: dict[str, str] = {}
         self._lock = threading.RLock()
-        self.con = duckdb.connect(config={"threads": max(1, os.cpu_count() or 1)})
+        self.con = duckdb.connect(config={"threads": threads or max(1, os.cpu_count() or 1)})
         self.memory_limit = memory_limit or default_memory_limit()
         """DuckDB's memory limit (``4GiB``, ``500MB``): queries past it spill to a private scratch folder
         (as large as the limit at most), then fail with a one-line ``QueryError``."""
@@ -340,6 +342,7 @@ class RunSet:
                 self._read_foreign_logs(list(self._logs))
             # run.json first: a run marked finished then has every part on disk before they are listed
             self._register_runs()
+            self._register_verdicts()
             changed, self._foreign_changed = self._foreign_changed, False
             for table in TABLES:
                 for _attempt in range(3):
@@ -582,6 +585,15 @@ class RunSet:
         with self._swap():
             self._store_table("runs", pa.Table.from_pylist(rows, schema=RUN_COLUMNS))
 
+    def _register_verdicts(self) -> None:
+        """The ``verdicts`` view: the verdict tables ``sorl fleet`` wrote in the opened folders (else empty)."""
+        tables = [t for t in (read_verdicts(p) for p in self.roots if p.is_dir()) if t is not None]
+        tables = [
+            t.select(VERDICT_COLUMNS.names).cast(VERDICT_COLUMNS) for t in tables if _has(t, VERDICT_COLUMNS)
+        ]
+        with self._swap():
+            self._store_table("verdicts", pa.concat_tables(tables) if tables else verdict_table([]))
+
     # ------------------------------------------------------------------ queries
     @ctrl_c_is_keyboard_interrupt
     def sql(self, query: str, params: dict[str, Any] | None = None) -> pa.Table:
@@ -740,10 +752,12 @@ def open_runs(
     fmt: str | None = None,
     *,
     memory_limit: str | None = None,
+    threads: int | None = None,
 ) -> RunSet:
     """Open runs for querying (see ``RunSet``); ``fmt`` forces a log format (``logs.FORMATS``);
-    ``memory_limit`` bounds DuckDB's memory (default ``default_memory_limit()``)."""
-    return RunSet(paths, fmt, memory_limit=memory_limit)
+    ``memory_limit`` bounds DuckDB's memory (default ``default_memory_limit()``), ``threads`` its
+    threads (default one per core)."""
+    return RunSet(paths, fmt, memory_limit=memory_limit, threads=threads)
 
 
 FOREIGN_STEPS = "_sorl_foreign_steps"
@@ -815,6 +829,10 @@ def statement_kind(query: str) -> duckdb.StatementType:
     return statement_kind(query[words[index][0] :])
 
 
+def _has(table: pa.Table, schema: pa.Schema) -> bool:
+    return set(schema.names) <= set(table.column_names)
+
+
 def _sql_list(items: Iterable[str]) -> str:
     return "[" + ", ".join("'" + item.replace("'", "''") + "'" for item in items) + "]"
 
@@ -855,8 +873,9 @@ SELECT r.run_id, r.algorithm, r.seed,
        CASE WHEN r.status = 'running' AND epoch(now()) - r.last_write > $stale_after THEN 'stale'
             ELSE r.status END AS status,
        coalesce(s.updates, 0) AS updates, s.last_step, s.last_reward,
-       round(epoch(now()) - r.last_write) AS idle_s, r.path
+       round(epoch(now()) - r.last_write) AS idle_s, r.path, v.verdict
 FROM runs r
+LEFT JOIN (SELECT run_id, arg_max(status, updated_at) AS verdict FROM verdicts GROUP BY run_id) v USING (run_id)
 LEFT JOIN (
     SELECT run_id, count(*) AS updates, max(step) AS last_step,
            arg_max(reward_mean, step) FILTER (WHERE reward_mean IS NOT NULL) AS last_reward
@@ -867,7 +886,8 @@ ORDER BY r.created_at NULLS LAST, r.run_id
 
 
 def run_overview(runs: RunSet, stale_after_s: float = STALE_AFTER_S) -> pa.Table:
-    """One row per run: id, algorithm, seed, status (``running``/``finished``/``failed``/``stale``), updates."""
+    """One row per run: id, algorithm, seed, status (``running``/``finished``/``failed``/``stale``), updates,
+    and its ``verdict`` from the fleet's verdict table (``sorl fleet``) where one was written."""
     return runs.sql(RUN_OVERVIEW_SQL, {"stale_after": stale_after_s})
 
 
