@@ -13,6 +13,7 @@ from sorl_monitor.cli.common import err_console, fail, print_table, user_errors
 from sorl_monitor.cli.core import output_format
 from sorl_monitor.cli.diagnose import EXIT_COLLAPSE, EXIT_HEALTHY, ConfigOption, SetOption
 from sorl_monitor.fleet import ENGINES, fleet_verdicts
+from sorl_monitor.storage import default_storage_options, is_remote
 from sorl_monitor.verdict_table import VERDICTS_FILE, read_verdicts, write_verdicts
 
 ALARMING = ("collapsed", "collapsing", "diverging")
@@ -23,7 +24,9 @@ SHOWN = ["run_id", "status", "collapse_step", "first_critical", "root_cause", "l
 
 @user_errors
 def fleet(
-    path: Annotated[Path, typer.Argument(help="A folder of runs and logs (searched as `sorl runs` does).")],
+    path: Annotated[
+        str, typer.Argument(help="A folder of runs and logs, or an object-store prefix (s3://bucket/runs).")
+    ],
     engine: Annotated[
         str, typer.Option("--engine", help=f"Where the post-mortems run: {' or '.join(ENGINES)}.")
     ] = "local",
@@ -51,9 +54,12 @@ def fleet(
     Exit status: 0 no run collapsing, 3 at least one collapsed, collapsing or diverging, 2 user error.
     """
     output = output_format(csv, json_)
-    if not path.is_dir():
+    remote = is_remote(path)
+    if not remote and not Path(path).is_dir():
         fail(f"not a folder: {path}")
-    out = out or path / VERDICTS_FILE
+    if remote and out is None:
+        fail("give --out PATH for the verdict table of runs in object storage")
+    out = out or Path(path) / VERDICTS_FILE
     while True:
         table = _judge(path, out, engine, address, jobs, config_file, set_ or [])
         write_verdicts(table, out)
@@ -87,6 +93,7 @@ def _judge(path, out, engine, address, jobs, config_file, settings):  # noqa: AN
             jobs=jobs,
             settings=settings,
             config_file=config_file,
+            storage_options=default_storage_options(),
             previous=read_verdicts(out),
             progress=lambda done, total: bar.update(task, completed=done, total=total),
         )

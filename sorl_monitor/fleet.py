@@ -21,7 +21,7 @@ from __future__ import annotations
 import concurrent.futures
 import datetime as dt
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ import pyarrow as pa
 
 from sorl_monitor.postmortem import load_configs, postmortem
 from sorl_monitor.query import find_foreign_logs, find_runs, open_runs
+from sorl_monitor.storage import is_remote, remote_runs
 from sorl_monitor.verdict_table import VERDICT_COLUMNS, sorted_verdicts, verdict_table
 
 ENGINES = ("local", "ray")
@@ -43,8 +44,13 @@ class Target:
     mtime: float | None
 
 
-def find_targets(root: str | os.PathLike[str], fmt: str | None = None) -> list[Target]:
-    """Every run under ``root`` (a folder of runs and logs, or one run), each its own target."""
+def find_targets(
+    root: str | os.PathLike[str], fmt: str | None = None, storage_options: Mapping[str, str] | None = None
+) -> list[Target]:
+    """Every run under ``root`` (a folder of runs and logs, or one run; or an object-store prefix, whose
+    targets stay URIs so that each task reads only its run from the store), each its own target."""
+    if is_remote(root):
+        return [Target(uri, mtime) for uri, mtime in remote_runs(os.fspath(root), storage_options)]
     root_path = Path(root)
     paths = [str(p) for p in find_runs(root_path, fmt)]
     paths += [str(source.path.resolve()) for source in find_foreign_logs([root_path], fmt)]
@@ -66,21 +72,25 @@ def judge_targets(
     fmt: str | None = None,
     settings: Sequence[str] = (),
     config_file: str | None = None,
+    storage_options: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """The verdict rows of ``targets`` (``(path, mtime)`` pairs), each opened alone; the one task both
-    engines run. ``config_file`` (TOML) and ``settings`` (``name=value``) as ``postmortem.load_configs``."""
+    engines run. ``config_file`` (TOML) and ``settings`` (``name=value``) as ``postmortem.load_configs``;
+    ``storage_options`` for targets in object storage."""
     configs = load_configs(config_file, settings)
     now = dt.datetime.now(dt.UTC)
     rows = []
     for path, mtime in targets:
         base = {"path": path, "source_mtime": mtime, "updated_at": now}
         try:
-            with open_runs(path, fmt, threads=1) as run_set:
+            options = dict(storage_options or {})
+            with open_runs(path, fmt, threads=1, storage_options=options) as run_set:
                 run_ids = run_set.sql("SELECT run_id FROM runs ORDER BY run_id").column(0).to_pylist()
                 for run_id in run_ids:
                     rows.append({**base, **_verdict_row(postmortem(run_set, run_id, *configs))})
         except Exception as error:  # noqa: BLE001 - one bad run is a row, never a failed fleet
-            rows.append({**base, "run_id": Path(path).name, "status": "error", "error": _one_line(error)})
+            name = path.rstrip("/").rpartition("/")[2]
+            rows.append({**base, "run_id": name, "status": "error", "error": _one_line(error)})
     return rows
 
 
@@ -121,6 +131,7 @@ def fleet_verdicts(
     fmt: str | None = None,
     settings: Sequence[str] = (),
     config_file: str | os.PathLike[str] | None = None,
+    storage_options: Mapping[str, str] | None = None,
     chunk_size: int = 8,
     previous: pa.Table | None = None,
     progress: Callable[[int, int], None] | None = None,
@@ -138,12 +149,13 @@ def fleet_verdicts(
         raise ValueError(f"jobs must be at least 1, not {jobs}")
     load_configs(config_file, settings)  # a bad setting fails here, in one line, not in every task
     config = None if config_file is None else str(config_file)
-    targets = find_targets(root, fmt)
+    targets = find_targets(root, fmt, storage_options)
     kept, todo = _unchanged(previous, targets)
     pairs = [(t.path, t.mtime) for t in todo]
     work = chunks(pairs, max(1, chunk_size))
     run = _run_ray if engine == "ray" else _run_local
-    rows = run(work, (fmt, tuple(settings), config), jobs, address, progress, len(pairs))
+    options = (fmt, tuple(settings), config, dict(storage_options or {}))
+    rows = run(work, options, jobs, address, progress, len(pairs))
     return sorted_verdicts(pa.concat_tables([kept, verdict_table(rows)]))
 
 
@@ -163,7 +175,7 @@ def _unchanged(previous: pa.Table | None, targets: list[Target]) -> tuple[pa.Tab
 
 def _run_local(
     work: list[Sequence[tuple[str, float | None]]],
-    options: tuple[str | None, tuple[str, ...], str | None],
+    options: tuple[Any, ...],
     jobs: int | None,
     address: str | None,
     progress: Callable[[int, int], None] | None,
@@ -188,7 +200,7 @@ def _run_local(
 
 def _run_ray(
     work: list[Sequence[tuple[str, float | None]]],
-    options: tuple[str | None, tuple[str, ...], str | None],
+    options: tuple[Any, ...],
     jobs: int | None,
     address: str | None,
     progress: Callable[[int, int], None] | None,

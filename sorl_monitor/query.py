@@ -63,6 +63,7 @@ from sorl_monitor.schema import (
     type_conflicts,
     visible_parts,
 )
+from sorl_monitor.storage import StorageError, is_remote, mirror_down
 from sorl_monitor.verdict_table import VERDICT_COLUMNS, read_verdicts, verdict_table
 from sorl_monitor.writer import check_setting
 
@@ -137,8 +138,22 @@ class CorruptPartWarning(UserWarning):
     """A Parquet part could not be read and is skipped."""
 
 
+def _as_list(
+    paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+) -> list[str | os.PathLike[str]]:
+    return [paths] if isinstance(paths, str | os.PathLike) else list(paths)
+
+
 def _as_paths(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[Path]:
-    return [Path(p) for p in ([paths] if isinstance(paths, str | os.PathLike) else paths)]
+    return [Path(p) for p in _as_list(paths)]
+
+
+def _mirrored(uri: str | os.PathLike[str], options: dict[str, str] | None) -> Path:
+    """The local copy of an object-store root, brought up to date (``storage.mirror_down``)."""
+    try:
+        return mirror_down(os.fspath(uri), options)
+    except StorageError as error:
+        raise QueryError(str(error)) from None
 
 
 def find_runs(
@@ -282,8 +297,11 @@ class RunSet:
         *,
         memory_limit: str | None = None,
         threads: int | None = None,
+        storage_options: dict[str, str] | None = None,
     ) -> None:
-        self.roots = _as_paths(paths)
+        self._remote = [(os.fspath(p), storage_options) for p in _as_list(paths) if is_remote(p)]
+        """Object-store roots, read through a local copy that ``refresh()`` mirrors again (``storage``)."""
+        self.roots = [_mirrored(p, storage_options) if is_remote(p) else Path(p) for p in _as_list(paths)]
         try:
             self.format = check_format(fmt)
         except LogFormatError as error:
@@ -335,6 +353,8 @@ class RunSet:
     def refresh(self) -> bool:
         """Re-list runs and part files; rebuild the views whose files changed. True if anything changed."""
         with self._lock:
+            for uri, options in self._remote:
+                _mirrored(uri, options)
             if any(p.is_dir() and not is_run_dir(p) for p in self.roots):
                 self.run_dirs = list(dict.fromkeys(self.run_dirs + find_runs(self.roots, self.format)))
                 self._read_foreign_logs(find_foreign_logs(self.roots, self.format))
@@ -753,11 +773,13 @@ def open_runs(
     *,
     memory_limit: str | None = None,
     threads: int | None = None,
+    storage_options: dict[str, str] | None = None,
 ) -> RunSet:
     """Open runs for querying (see ``RunSet``); ``fmt`` forces a log format (``logs.FORMATS``);
     ``memory_limit`` bounds DuckDB's memory (default ``default_memory_limit()``), ``threads`` its
-    threads (default one per core)."""
-    return RunSet(paths, fmt, memory_limit=memory_limit, threads=threads)
+    threads (default one per core); a path may be an object-store URI (``s3://bucket/prefix``, read through a
+    local copy; ``storage_options`` as ``storage.filesystem`` takes them)."""
+    return RunSet(paths, fmt, memory_limit=memory_limit, threads=threads, storage_options=storage_options)
 
 
 FOREIGN_STEPS = "_sorl_foreign_steps"
