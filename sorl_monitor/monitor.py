@@ -43,7 +43,7 @@ from sorl_monitor.run_info import (
     utc_now,
 )
 from sorl_monitor.schema import KEYS, RUN_FILE, SEVERITIES, check_run_id, column_name, metric_column
-from sorl_monitor.storage import RunUploader, is_remote, staging_dir
+from sorl_monitor.storage import RunUploader, UploadStats, is_remote, staging_dir
 from sorl_monitor.transfer import to_host
 from sorl_monitor.warn import MonitorWarning, WarnOnce, warn
 from sorl_monitor.writer import ParquetStreamWriter, WriterStats, check_setting, check_writer_settings
@@ -362,6 +362,10 @@ class Monitor:
     def last_step(self) -> int:
         """The most recent step logged (−1 before the first)."""
         return self._step
+
+    def upload_stats(self) -> UploadStats | None:
+        """For a run in object storage: files uploaded and deleted, failed upload rounds, files waiting."""
+        return None if self._uploader is None else self._uploader.stats
 
     def writer_stats(self) -> WriterStats:
         """Rows written and dropped so far."""
