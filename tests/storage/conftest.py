@@ -146,7 +146,7 @@ def _start_server(data: Path, ports: dict[str, int] | None) -> S3Server:
         binary, "server", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
         "-s3", f"-s3.port={ports['s3']}", f"-s3.config={config}",
         f"-master.port={ports['master']}", f"-volume.port={ports['volume']}", f"-filer.port={ports['filer']}",
-        "-master.volumeSizeLimitMB=64", "-volume.max=200",
+        "-master.volumeSizeLimitMB=64", "-volume.max=200", "-s3.port.iceberg=0", "-s3.port.lance=0",
     ]  # fmt: skip
     try:
         process = subprocess.Popen(

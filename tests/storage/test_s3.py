@@ -114,7 +114,9 @@ def test_a_server_down_mid_run_never_blocks_training_and_loses_no_row(tmp_path, 
         for step in range(20, 60):
             mon.log_scalars(step, {"loss": 1.0, "reward": step / 100})
         mon.flush()
-        time.sleep(0.5)
+        deadline = time.monotonic() + 120
+        while mon.upload_stats().failed_rounds == 0 and time.monotonic() < deadline:
+            time.sleep(0.2)  # an upload round under way when the server went times out first
         assert mon.upload_stats().failed_rounds > 0
         server = start_server(server.data, server.ports)  # and comes back
         for step in range(60, 80):
