@@ -37,6 +37,8 @@ def runs(
     output = output_format(csv, json_)
     with open_or_fail(log_dir, fmt) as run_set:
         overview = run_overview(run_set)
+    if overview.column("verdict").null_count == overview.num_rows:  # no `sorl fleet` table here
+        overview = overview.drop_columns(["verdict"])
     if output == "table":  # fits 80 columns: the path goes, two headers shorten
         overview = overview.drop_columns(["path"]).rename_columns(
             [

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
-from sorl_monitor.cli import core, diagnose, ingest
+from sorl_monitor.cli import core, diagnose, fleet, ingest
 from sorl_monitor.cli import dashboard as dashboard_cli
 from sorl_monitor.cli import train as train_cli
+from sorl_monitor.cli.common import fail
+from sorl_monitor.storage import parse_storage_options, set_default_storage_options
 
 app = typer.Typer(
     name="sorl",
@@ -15,6 +19,25 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+
+
+@app.callback()
+def storage(
+    storage_option: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--storage-option",
+            help="Object storage (s3://) setting, key=value: endpoint_override, scheme, access_key, "
+            "secret_key, region, anonymous (default: the AWS environment variables). Repeatable.",
+        ),
+    ] = None,
+) -> None:
+    """sorl-monitor: see RL fine-tuning collapse coming, explain why, and stop it."""
+    try:
+        set_default_storage_options(parse_storage_options(storage_option))
+    except ValueError as error:
+        fail(str(error))
+
 
 app.command("train")(train_cli.train_command)
 app.command("demo")(train_cli.demo_command)
@@ -26,6 +49,7 @@ app.command("postmortem")(diagnose.postmortem)
 app.command("report")(diagnose.report)
 app.command("compare")(diagnose.compare)
 app.command("watch")(diagnose.watch)
+app.command("fleet")(fleet.fleet)
 app.command("dashboard")(dashboard_cli.dashboard_command)
 
 

@@ -46,6 +46,7 @@ from sorl_monitor.run_info import (
     utc_now,
 )
 from sorl_monitor.schema import KEYS, RUN_FILE, SEVERITIES, check_run_id, column_name, metric_column
+from sorl_monitor.storage import RunUploader, UploadStats, is_remote, staging_dir
 from sorl_monitor.transfer import start_copy
 from sorl_monitor.warn import MonitorWarning, WarnOnce, warn
 from sorl_monitor.writer import ParquetStreamWriter, WriterStats, check_setting, check_writer_settings
@@ -96,6 +97,8 @@ class Monitor:
         enabled: ``False`` turns every call into a no-op (e.g. to measure overhead).
         notify: a webhook URL (or a ``notify.Notifier``): rank 0 posts alert onsets, guard actions and an
             end of the run other than ``finished`` there, from a background thread.
+        storage_options: for a ``log_dir`` in object storage (``s3://bucket/prefix``): endpoint and
+            credentials (``storage.filesystem``); by default the usual AWS environment variables.
     """
 
     def __init__(
@@ -118,6 +121,7 @@ class Monitor:
         world_size: int | None = None,
         enabled: bool = True,
         notify: str | Notifier | None = None,
+        storage_options: Mapping[str, str] | None = None,
     ) -> None:
         check_writer_settings(flush_interval_s, flush_rows, max_pending_rows, 32 if compact else 0, 1)
         check_setting("max_turn_rows", max_turn_rows, least=0, integer=True)
@@ -131,6 +135,17 @@ class Monitor:
         self.world_size = dist_world if world_size is None else world_size
         run_id = check_run_id(run_name) if run_name is not None else new_run_id(algorithm)
         self.run_id = shared_run_id(run_id, self.world_size)
+        self._uploader: RunUploader | None = None
+        if is_remote(log_dir) and enabled:  # parts are staged here and copied up by a thread (storage.py)
+            self._uploader = RunUploader(
+                os.fspath(log_dir),
+                self.run_id,
+                self.rank,
+                staging_dir(os.fspath(log_dir), self.rank) / self.run_id,
+                interval_s=flush_interval_s,
+                storage_options=storage_options,
+            )
+            log_dir = self._uploader.staging.parent
         self.log_dir = Path(log_dir)
         self.run_dir = self.log_dir / self.run_id
         self.clip_eps = clip_eps
@@ -156,6 +171,9 @@ class Monitor:
             self._info = RunInfo(self.run_dir / RUN_FILE, fields, writes=False)
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        remote_refused = ""
+        if self._uploader is not None and not self._uploader.acquire():
+            remote_refused = self._uploader.refused
         self._writer = ParquetStreamWriter(
             self.run_dir,
             self.rank,
@@ -163,7 +181,10 @@ class Monitor:
             flush_rows=flush_rows,
             max_pending_rows=max_pending_rows,
             compact_parts=32 if compact else 0,
+            refused=remote_refused,
         )
+        if self._uploader is not None and not remote_refused:
+            self._uploader.start()
         if self._writer.refused:  # a second monitor on this run and rank: never let it overwrite the first
             self._warn_once(
                 "dropped",
@@ -419,6 +440,10 @@ class Monitor:
         """The most recent step logged (−1 before the first)."""
         return self._step
 
+    def upload_stats(self) -> UploadStats | None:
+        """For a run in object storage: files uploaded and deleted, failed upload rounds, files waiting."""
+        return None if self._uploader is None else self._uploader.stats
+
     def writer_stats(self) -> WriterStats:
         """Rows written and dropped so far."""
         return self._writer.stats() if self._writer else WriterStats()
@@ -451,6 +476,15 @@ class Monitor:
                     "dropped", f"sorl-monitor dropped {stats.rows_dropped} rows ({stats.last_error})", 2
                 )
         self.update_run_info(status=status, finished_at=utc_now(), last_step=self._step)
+        if self._uploader is not None:
+            self._uploader.close(timeout_s=5.0 if not compact else 30.0)
+            if self._uploader.stats.pending:
+                self._warn_once(
+                    "upload",
+                    f"sorl-monitor could not upload {self._uploader.stats.pending} files of {self.run_id} "
+                    f"({self._uploader.stats.last_error}); they are kept in {self.run_dir}",
+                    2,
+                )
         if self.notifier is not None:
             if status != "finished":
                 self.notifier.send(f"[sorl] {self.run_id} ended {status} at step {self._step}")

@@ -65,6 +65,8 @@ from sorl_monitor.schema import (
     type_conflicts,
     visible_parts,
 )
+from sorl_monitor.storage import StorageError, is_remote, mirror_down
+from sorl_monitor.verdict_table import VERDICT_COLUMNS, read_verdicts, verdict_table
 from sorl_monitor.writer import check_setting
 
 QUERY_MISTAKES = (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException)
@@ -138,8 +140,22 @@ class CorruptPartWarning(UserWarning):
     """A Parquet part could not be read and is skipped."""
 
 
+def _as_list(
+    paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+) -> list[str | os.PathLike[str]]:
+    return [paths] if isinstance(paths, str | os.PathLike) else list(paths)
+
+
 def _as_paths(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[Path]:
-    return [Path(p) for p in ([paths] if isinstance(paths, str | os.PathLike) else paths)]
+    return [Path(p) for p in _as_list(paths)]
+
+
+def _mirrored(uri: str | os.PathLike[str], options: dict[str, str] | None) -> Path:
+    """The local copy of an object-store root, brought up to date (``storage.mirror_down``)."""
+    try:
+        return mirror_down(os.fspath(uri), options)
+    except StorageError as error:
+        raise QueryError(str(error)) from None
 
 
 def find_runs(
@@ -283,8 +299,12 @@ class RunSet:
         *,
         memory_limit: str | None = None,
         user_sql_threads: int | None = None,
+        threads: int | None = None,
+        storage_options: dict[str, str] | None = None,
     ) -> None:
-        self.roots = _as_paths(paths)
+        self._remote = [(os.fspath(p), storage_options) for p in _as_list(paths) if is_remote(p)]
+        """Object-store roots, read through a local copy that ``refresh()`` mirrors again (``storage``)."""
+        self.roots = [_mirrored(p, storage_options) if is_remote(p) else Path(p) for p in _as_list(paths)]
         try:
             self.format = check_format(fmt)
         except LogFormatError as error:
@@ -316,7 +336,7 @@ class RunSet:
                 check_setting("user_sql_threads", user_sql_threads, least=1, integer=True)
             except ValueError as error:
                 raise QueryError(str(error)) from None
-        self.con = self._connect(max(1, os.cpu_count() or 1))
+        self.con = self._connect(threads or max(1, os.cpu_count() or 1))
         self._user_con = self._connect(user_sql_threads) if user_sql_threads is not None else None
         """``user_sql``'s database when ``user_sql_threads`` is given: DuckDB's thread count is one per
         database, so the user's statements get one of their own, with the same views (``_ddl``)."""
@@ -354,6 +374,8 @@ class RunSet:
     def refresh(self) -> bool:
         """Re-list runs and part files; rebuild the views whose files changed. True if anything changed."""
         with self._lock:
+            for uri, options in self._remote:
+                _mirrored(uri, options)
             if any(p.is_dir() and not is_run_dir(p) for p in self.roots):
                 self.run_dirs = list(dict.fromkeys(self.run_dirs + find_runs(self.roots, self.format)))
                 self._read_foreign_logs(find_foreign_logs(self.roots, self.format))
@@ -361,6 +383,7 @@ class RunSet:
                 self._read_foreign_logs(list(self._logs))
             # run.json first: a run marked finished then has every part on disk before they are listed
             self._register_runs()
+            self._register_verdicts()
             changed, self._foreign_changed = self._foreign_changed, False
             for table in TABLES:
                 for _attempt in range(3):
@@ -613,6 +636,15 @@ class RunSet:
         with self._swap():
             self._store_table("runs", pa.Table.from_pylist(rows, schema=RUN_COLUMNS))
 
+    def _register_verdicts(self) -> None:
+        """The ``verdicts`` view: the verdict tables ``sorl fleet`` wrote in the opened folders (else empty)."""
+        tables = [t for t in (read_verdicts(p) for p in self.roots if p.is_dir()) if t is not None]
+        tables = [
+            t.select(VERDICT_COLUMNS.names).cast(VERDICT_COLUMNS) for t in tables if _has(t, VERDICT_COLUMNS)
+        ]
+        with self._swap():
+            self._store_table("verdicts", pa.concat_tables(tables) if tables else verdict_table([]))
+
     # ------------------------------------------------------------------ queries
     @ctrl_c_is_keyboard_interrupt
     def sql(self, query: str, params: dict[str, Any] | None = None) -> pa.Table:
@@ -774,11 +806,22 @@ def open_runs(
     *,
     memory_limit: str | None = None,
     user_sql_threads: int | None = None,
+    threads: int | None = None,
+    storage_options: dict[str, str] | None = None,
 ) -> RunSet:
     """Open runs for querying (see ``RunSet``); ``fmt`` forces a log format (``logs.FORMATS``);
     ``memory_limit`` bounds DuckDB's memory (default ``default_memory_limit()``); ``user_sql_threads``
-    gives ``user_sql`` a database of that many threads (default: the run set's own, one per core)."""
-    return RunSet(paths, fmt, memory_limit=memory_limit, user_sql_threads=user_sql_threads)
+    gives ``user_sql`` a database of that many threads (default: the run set's own), ``threads`` the run
+    set's own (default one per core); a path may be an object-store URI (``s3://bucket/prefix``, read
+    through a local copy; ``storage_options`` as ``storage.filesystem`` takes them)."""
+    return RunSet(
+        paths,
+        fmt,
+        memory_limit=memory_limit,
+        user_sql_threads=user_sql_threads,
+        threads=threads,
+        storage_options=storage_options,
+    )
 
 
 FOREIGN_STEPS = "_sorl_foreign_steps"
@@ -850,6 +893,10 @@ def statement_kind(query: str) -> duckdb.StatementType:
     return statement_kind(query[words[index][0] :])
 
 
+def _has(table: pa.Table, schema: pa.Schema) -> bool:
+    return set(schema.names) <= set(table.column_names)
+
+
 def _sql_list(items: Iterable[str]) -> str:
     return "[" + ", ".join("'" + item.replace("'", "''") + "'" for item in items) + "]"
 
@@ -890,8 +937,9 @@ SELECT r.run_id, r.algorithm, r.seed,
        CASE WHEN r.status = 'running' AND epoch(now()) - r.last_write > $stale_after THEN 'stale'
             ELSE r.status END AS status,
        coalesce(s.updates, 0) AS updates, s.last_step, s.last_reward,
-       round(epoch(now()) - r.last_write) AS idle_s, r.path
+       round(epoch(now()) - r.last_write) AS idle_s, r.path, v.verdict
 FROM runs r
+LEFT JOIN (SELECT run_id, arg_max(status, updated_at) AS verdict FROM verdicts GROUP BY run_id) v USING (run_id)
 LEFT JOIN (
     SELECT run_id, count(*) AS updates, max(step) AS last_step,
            arg_max(reward_mean, step) FILTER (WHERE reward_mean IS NOT NULL) AS last_reward
@@ -902,7 +950,8 @@ ORDER BY r.created_at NULLS LAST, r.run_id
 
 
 def run_overview(runs: RunSet, stale_after_s: float = STALE_AFTER_S) -> pa.Table:
-    """One row per run: id, algorithm, seed, status (``running``/``finished``/``failed``/``stale``), updates."""
+    """One row per run: id, algorithm, seed, status (``running``/``finished``/``failed``/``stale``), updates,
+    and its ``verdict`` from the fleet's verdict table (``sorl fleet``) where one was written."""
     return runs.sql(RUN_OVERVIEW_SQL, {"stale_after": stale_after_s})
 
 

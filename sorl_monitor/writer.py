@@ -158,6 +158,7 @@ class ParquetStreamWriter:
         compression: str = "snappy",
         compact_parts: int = 32,
         compact_rows: int = 1_000_000,
+        refused: str = "",
     ) -> None:
         check_writer_settings(flush_interval_s, flush_rows, max_pending_rows, compact_parts, compact_rows)
         self.run_dir = Path(run_dir)
@@ -190,9 +191,10 @@ class ParquetStreamWriter:
         self._errors = 0
         self._error = ""
         self._closed = False
-        self.refused = ""
-        """Why this writer writes nothing ("" when it writes): another writer holds this run and rank."""
-        self._lock_fd = self._take_lock()
+        self.refused = refused
+        """Why this writer writes nothing ("" when it writes): another writer holds this run and rank (here,
+        or an object store's lease: ``refused`` given by the caller)."""
+        self._lock_fd = None if refused else self._take_lock()
         self._thread = threading.Thread(target=self._run, name=f"sorl-writer-rank{rank}", daemon=True)
         self._compactor = (
             threading.Thread(target=self._compact_loop, name=f"sorl-compactor-rank{rank}", daemon=True)

@@ -1,0 +1,239 @@
+"""Post-mortems of every run under a folder as one verdict table, on this machine or on Ray.
+
+    table = fleet_verdicts("runs/", engine="local", jobs=2)      # or engine="ray", address="auto"
+    write_verdicts(table, "runs/verdicts.parquet")
+
+Each run found under the root (a Parquet run folder or another tool's log, ``query.find_runs`` /
+``logs.find_logs``) is one *target*. Targets are judged in chunks; a chunk is one task (a process of the
+local pool, or a Ray task) that opens each of its runs alone (``open_runs(target)``: a task reads only its
+runs) and runs ``postmortem.postmortem`` on each. Both engines call the same ``judge_targets``, so they
+give the same table. A run that cannot be read is a row with ``status = 'error'`` and the one-line reason,
+never a failed fleet.
+
+The table (``VERDICT_COLUMNS``) is written atomically next to the runs as ``verdicts.parquet``: ``sorl
+runs`` and the dashboard read it instead of judging every run again, and ``sorl query`` shows it as the
+``verdicts`` view. Rows carry the fingerprint of the run's files (``source_mtime``), so a refresh
+(``--watch``) judges again only the runs that changed.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import datetime as dt
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from sorl_monitor.postmortem import load_configs, postmortem
+from sorl_monitor.query import find_foreign_logs, find_runs, open_runs
+from sorl_monitor.storage import is_remote, remote_runs
+from sorl_monitor.verdict_table import VERDICT_COLUMNS, sorted_verdicts, verdict_table
+
+ENGINES = ("local", "ray")
+
+
+@dataclass(frozen=True)
+class Target:
+    """One run to judge: a Parquet run folder or a log file/folder, and when its files last changed."""
+
+    path: str
+    mtime: float | None
+
+
+def find_targets(
+    root: str | os.PathLike[str], fmt: str | None = None, storage_options: Mapping[str, str] | None = None
+) -> list[Target]:
+    """Every run under ``root`` (a folder of runs and logs, or one run; or an object-store prefix, whose
+    targets stay URIs so that each task reads only its run from the store), each its own target."""
+    if is_remote(root):
+        return [Target(uri, mtime) for uri, mtime in remote_runs(os.fspath(root), storage_options)]
+    root_path = Path(root)
+    paths = [str(p) for p in find_runs(root_path, fmt)]
+    paths += [str(source.path.resolve()) for source in find_foreign_logs([root_path], fmt)]
+    return [Target(p, _mtime(Path(p))) for p in dict.fromkeys(paths)]
+
+
+def _mtime(path: Path) -> float | None:
+    """The newest modification time of a file, or of any file in a folder (its runs' parts)."""
+    try:
+        if path.is_file():
+            return path.stat().st_mtime
+        return max((f.stat().st_mtime for f in path.rglob("*") if f.is_file()), default=None)
+    except OSError:
+        return None
+
+
+def judge_targets(
+    targets: Sequence[tuple[str, float | None]],
+    fmt: str | None = None,
+    settings: Sequence[str] = (),
+    config_file: str | None = None,
+    storage_options: Mapping[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """The verdict rows of ``targets`` (``(path, mtime)`` pairs), each opened alone; the one task both
+    engines run. ``config_file`` (TOML) and ``settings`` (``name=value``) as ``postmortem.load_configs``;
+    ``storage_options`` for targets in object storage."""
+    configs = load_configs(config_file, settings)
+    now = dt.datetime.now(dt.UTC)
+    rows = []
+    for path, mtime in targets:
+        base = {"path": path, "source_mtime": mtime, "updated_at": now}
+        try:
+            options = dict(storage_options or {})
+            with open_runs(path, fmt, threads=1, storage_options=options) as run_set:
+                run_ids = run_set.sql("SELECT run_id FROM runs ORDER BY run_id").column(0).to_pylist()
+                for run_id in run_ids:
+                    rows.append({**base, **_verdict_row(postmortem(run_set, run_id, *configs))})
+        except Exception as error:  # noqa: BLE001 - one bad run is a row, never a failed fleet
+            name = path.rstrip("/").rpartition("/")[2]
+            rows.append({**base, "run_id": name, "status": "error", "error": _one_line(error)})
+    return rows
+
+
+def _verdict_row(verdict: Any) -> dict[str, Any]:
+    families = getattr(verdict, "families_rising", None)
+    if isinstance(families, list | tuple):
+        families = ", ".join(str(f) for f in families)
+    return {
+        "run_id": verdict.run_id,
+        "algorithm": verdict.algorithm,
+        "status": verdict.status,
+        "collapse_step": verdict.collapse_step,
+        "first_critical": verdict.first_critical,
+        "lead_time": verdict.lead_time,
+        "root_cause": verdict.root_cause,
+        "families_rising": families,
+        "last_step": verdict.last_step,
+        "updates": verdict.updates,
+        "error": None,
+    }
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:500]
+
+
+def chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def fleet_verdicts(
+    root: str | os.PathLike[str],
+    *,
+    engine: str = "local",
+    jobs: int | None = None,
+    address: str | None = None,
+    fmt: str | None = None,
+    settings: Sequence[str] = (),
+    config_file: str | os.PathLike[str] | None = None,
+    storage_options: Mapping[str, str] | None = None,
+    chunk_size: int = 8,
+    previous: pa.Table | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> pa.Table:
+    """The verdict table of every run under ``root`` (``VERDICT_COLUMNS``), most urgent first.
+
+    ``engine``: ``local`` (a pool of ``jobs`` processes, default the machine's cores) or ``ray`` (one Ray
+    task per chunk; ``address`` as ``ray.init`` takes it, default a local Ray of ``jobs`` CPUs). Rows of
+    ``previous`` whose run files have not changed since are kept, not judged again. ``progress(done, total)``
+    is called as chunks finish.
+    """
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+    if jobs is not None and jobs < 1:
+        raise ValueError(f"jobs must be at least 1, not {jobs}")
+    load_configs(config_file, settings)  # a bad setting fails here, in one line, not in every task
+    config = None if config_file is None else str(config_file)
+    targets = find_targets(root, fmt, storage_options)
+    kept, todo = _unchanged(previous, targets)
+    pairs = [(t.path, t.mtime) for t in todo]
+    work = chunks(pairs, max(1, chunk_size))
+    run = _run_ray if engine == "ray" else _run_local
+    options = (fmt, tuple(settings), config, dict(storage_options or {}))
+    rows = run(work, options, jobs, address, progress, len(pairs))
+    return sorted_verdicts(pa.concat_tables([kept, verdict_table(rows)]))
+
+
+def _unchanged(previous: pa.Table | None, targets: list[Target]) -> tuple[pa.Table, list[Target]]:
+    """The rows of ``previous`` whose target still exists unchanged, and the targets to judge."""
+    if previous is None or previous.num_rows == 0:
+        return verdict_table([]), targets
+    previous = previous.select(VERDICT_COLUMNS.names).cast(VERDICT_COLUMNS)
+    seen = {
+        (row["path"], row["source_mtime"]) for row in previous.select(["path", "source_mtime"]).to_pylist()
+    }
+    fresh = {t.path for t in targets if (t.path, t.mtime) in seen and t.mtime is not None}
+    keep = [row for row in previous.to_pylist() if row["path"] in fresh and row["status"] != "error"]
+    kept_paths = {row["path"] for row in keep}
+    return verdict_table(keep), [t for t in targets if t.path not in kept_paths]
+
+
+def _run_local(
+    work: list[Sequence[tuple[str, float | None]]],
+    options: tuple[Any, ...],
+    jobs: int | None,
+    address: str | None,
+    progress: Callable[[int, int], None] | None,
+    total: int,
+) -> list[dict[str, Any]]:
+    if address is not None:
+        raise ValueError("--address is for the ray engine")
+    jobs = jobs or os.cpu_count() or 1
+    rows: list[dict[str, Any]] = []
+    if jobs == 1 or len(work) <= 1:
+        for chunk in work:
+            rows += judge_targets(chunk, *options)
+            _report(progress, rows, total)
+        return rows
+    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(judge_targets, chunk, *options) for chunk in work]
+        for future in concurrent.futures.as_completed(futures):
+            rows += future.result()
+            _report(progress, rows, total)
+    return rows
+
+
+def _run_ray(
+    work: list[Sequence[tuple[str, float | None]]],
+    options: tuple[Any, ...],
+    jobs: int | None,
+    address: str | None,
+    progress: Callable[[int, int], None] | None,
+    total: int,
+) -> list[dict[str, Any]]:
+    try:
+        import ray
+    except ModuleNotFoundError:
+        raise ValueError("the ray engine needs Ray: pip install 'sorl-monitor[fleet]'") from None
+    started_here = not ray.is_initialized()
+    if started_here:
+        init: dict[str, Any] = {
+            "include_dashboard": False,
+            "log_to_driver": False,
+            "logging_level": "ERROR",
+        }
+        if address is None:
+            init["num_cpus"] = jobs or os.cpu_count() or 1
+        ray.init(address=address, **init)
+    try:
+        task = ray.remote(num_cpus=1)(judge_targets)
+        pending = [task.remote(list(chunk), *options) for chunk in work]
+        rows: list[dict[str, Any]] = []
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            rows += ray.get(done[0])
+            _report(progress, rows, total)
+        return rows
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
+def _report(progress: Callable[[int, int], None] | None, rows: list[dict[str, Any]], total: int) -> None:
+    if progress is not None:
+        progress(len({row["path"] for row in rows}), total)

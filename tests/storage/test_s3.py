@@ -1,0 +1,155 @@
+"""Runs written straight to a real S3 server (SeaweedFS on 127.0.0.1) read back as they do from a disk."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from sorl_monitor.cli.main import app
+from sorl_monitor.fleet import fleet_verdicts
+from sorl_monitor.integrations.ranks import rank_skew
+from sorl_monitor.query import open_runs
+from tests.storage.conftest import start_server
+from tests.storage.ranks import log_updates
+
+ROOT = Path(__file__).resolve().parents[2]
+TABLES = ("steps", "turns", "modules", "alerts")
+TIMINGS = {"wall_time", "monitor_ms"}
+"""Columns that time the run itself: they differ between any two runs."""
+SAMPLE_LOGS = ROOT / "sample_logs"
+
+
+def table_rows(path: str, table: str) -> list[dict]:
+    with open_runs(path) as runs:
+        columns = [c for c in runs.columns(table) if c not in TIMINGS]
+        quoted = ", ".join(f'"{c}"' for c in columns)
+        rows = runs.sql(f"SELECT {quoted} FROM {table} ORDER BY ALL").to_pylist()
+    return [
+        {k: "nan" if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()} for row in rows
+    ]
+
+
+def test_a_two_rank_run_in_s3_reads_back_identical_to_the_same_run_on_disk(s3_root, tmp_path):
+    for rank in (0, 1):
+        log_updates(s3_root, "two-ranks", rank=rank, world_size=2, updates=12)
+        log_updates(str(tmp_path / "disk"), "two-ranks", rank=rank, world_size=2, updates=12)
+    for table in TABLES:
+        assert table_rows(s3_root, table) == table_rows(str(tmp_path / "disk"), table), table
+    with open_runs(s3_root) as remote, open_runs(tmp_path / "disk") as local:
+        skew = rank_skew(remote, "ratio_mean").to_pylist()
+        assert skew == rank_skew(local, "ratio_mean").to_pylist() and len(skew) == 2
+    with open_runs(s3_root) as runs:
+        assert runs.sql("SELECT count(DISTINCT rank) AS n FROM steps").to_pylist() == [{"n": 2}]
+        assert runs.sql("SELECT status FROM runs").to_pylist() == [{"status": "finished"}]
+
+
+def test_a_second_writer_on_the_same_run_and_rank_is_refused_and_overwrites_nothing(s3_server, s3_root):
+    from sorl_monitor import Monitor
+
+    first = Monitor(s3_root, "shared", algorithm="ppo", flush_interval_s=0.05)
+    second = Monitor(s3_root, "shared", algorithm="ppo", flush_interval_s=0.05)
+    assert not first._writer.refused and "being written by" in second._writer.refused
+    first.log_scalars(0, {"loss": 1.0, "reward": 0.5})
+    second.log_scalars(0, {"loss": 99.0, "reward": -1.0})
+    second.close()
+    first.close()
+    with open_runs(s3_root) as runs:
+        assert runs.sql("SELECT loss FROM steps").to_pylist() == [{"loss": 1.0}]
+    assert second.writer_stats().rows_dropped == 1
+
+
+def test_a_writer_killed_mid_write_leaves_only_whole_objects(s3_server, s3_root):
+    child = subprocess.Popen([sys.executable, "-m", "tests.storage.s3_child", s3_root], cwd=ROOT)
+    fs = s3_server.filesystem()
+    bucket_prefix = s3_root.removeprefix("s3://")
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:  # until several parts are up
+            parts = [
+                i.path
+                for i in fs.get_file_info(
+                    pafs.FileSelector(bucket_prefix, recursive=True, allow_not_found=True)
+                )
+                if i.path.endswith(".parquet")
+            ]
+            if len(parts) >= 6:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the child wrote no parts within 120 s")
+    finally:
+        child.kill()
+        child.wait(30)
+    for path in parts:  # every object listed is a whole Parquet file
+        with fs.open_input_file(path) as f:
+            assert pq.read_metadata(f).num_rows > 0
+    with open_runs(s3_root) as runs:
+        assert runs.sql("SELECT count(*) AS n FROM steps").to_pylist()[0]["n"] > 0
+        assert runs.skipped_parts() == []
+
+
+@pytest.mark.slow
+def test_a_server_down_mid_run_never_blocks_training_and_loses_no_row(tmp_path, monkeypatch):
+    from sorl_monitor import Monitor
+
+    server = start_server(tmp_path / "weed")
+    for key, value in server.env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("SORL_CACHE_DIR", str(tmp_path / "cache"))
+    root = f"s3://{server.bucket()}/runs"
+    mon = Monitor(root, "outage", algorithm="ppo", flush_interval_s=0.05)
+    try:
+        for step in range(20):
+            mon.log_scalars(step, {"loss": 1.0, "reward": step / 100})
+        mon.flush()
+        server.stop()  # the store goes away mid-run
+        for step in range(20, 60):
+            mon.log_scalars(step, {"loss": 1.0, "reward": step / 100})
+        mon.flush()
+        deadline = time.monotonic() + 120
+        while mon.upload_stats().failed_rounds == 0 and time.monotonic() < deadline:
+            time.sleep(0.2)  # an upload round under way when the server went times out first
+        assert mon.upload_stats().failed_rounds > 0
+        server = start_server(server.data, server.ports)  # and comes back
+        for step in range(60, 80):
+            mon.log_scalars(step, {"loss": 1.0, "reward": step / 100})
+        mon.close()
+        assert mon.writer_stats().rows_dropped == 0 and mon.upload_stats().pending == 0
+        with open_runs(root) as runs:
+            steps = runs.sql("SELECT step FROM steps ORDER BY step").column(0).to_pylist()
+        assert steps == list(range(80))
+    finally:
+        server.stop()
+
+
+def test_fleet_over_s3_gives_the_table_it_gives_on_disk(s3_server, s3_root, tmp_path):
+    fs = s3_server.filesystem()
+    for name in ("token-ppo", "so-ppo-auto-ctn"):
+        pafs.copy_files(
+            str(SAMPLE_LOGS / name),
+            f"{s3_root.removeprefix('s3://')}/{name}",
+            source_filesystem=pafs.LocalFileSystem(),
+            destination_filesystem=fs,
+        )
+    compared = ["run_id", "status", "collapse_step", "first_critical", "root_cause", "last_step"]
+    remote = fleet_verdicts(s3_root, jobs=1).select(compared).to_pylist()
+    local_root = tmp_path / "local"
+    for name in ("token-ppo", "so-ppo-auto-ctn"):
+        pafs.copy_files(str(SAMPLE_LOGS / name), str(local_root / name))
+    assert remote == fleet_verdicts(local_root, jobs=1).select(compared).to_pylist()
+    result = CliRunner().invoke(app, ["fleet", s3_root, "--out", str(tmp_path / "v.parquet"), "--jobs", "1"])
+    assert result.exit_code == 3 and "token-ppo" in result.output
+
+
+def test_a_missing_bucket_is_one_line_and_exit_2(s3_server, tmp_path, monkeypatch):
+    monkeypatch.setenv("SORL_CACHE_DIR", str(tmp_path / "cache"))
+    result = CliRunner().invoke(app, ["runs", "s3://no-such-bucket-here/runs"])
+    assert result.exit_code == 2 and "no such bucket" in result.output
