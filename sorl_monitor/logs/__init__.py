@@ -16,11 +16,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sorl_monitor.logs import csvlog, hf, jsonl, mlflow, tensorboard, verl, wandb
+from sorl_monitor.logs import csvlog, hf, hf_console, jsonl, mlflow, tensorboard, verl, verl_console, wandb
 from sorl_monitor.logs.detect import detect_file, detect_folder, is_run_dir
 from sorl_monitor.logs.table import ForeignRun, LogFormatError, LogWarning, run_name, unique_ids
 
-FORMATS = ("sorl", "hf", "tensorboard", "wandb", "mlflow", "jsonl", "csv", "verl")
+FORMATS = (
+    "sorl",
+    "hf",
+    "tensorboard",
+    "wandb",
+    "mlflow",
+    "jsonl",
+    "csv",
+    "verl",
+    "verl-console",
+    "hf-console",
+)
 """Format names, as ``--format`` takes them (``sorl``: this project's own Parquet runs)."""
 FOREIGN_FORMATS = FORMATS[1:]
 SEARCH_DEPTH = 4
@@ -34,6 +45,8 @@ READERS: dict[str, Callable[[Path, str], list[ForeignRun]]] = {
     "jsonl": jsonl.read,
     "csv": csvlog.read,
     "verl": verl.read,
+    "verl-console": verl_console.read,
+    "hf-console": hf_console.read,
 }
 
 __all__ = [

@@ -1,0 +1,75 @@
+"""verl's ``console`` logger output, as a captured console holds it, between any other lines.
+
+verl's ``LocalLogger`` prints one line per training step (``verl/utils/logger/aggregate_logger.py``,
+``concat_dict_to_str``): ``step:N - key:value - key:value …`` with the numeric metrics only, each value as
+``f"{v:.3f}"`` (verl up to mid-2025) or ``pprint.pformat(v)`` (later: ``0.0021``, ``12``, ``nan``, and NumPy
+scalars as NumPy 2 writes them, ``np.float64(0.002)``). Under Ray the line carries a prefix such as
+``(TaskRunner pid=1234)`` in ANSI colours. A value wrapped as ``np.<type>(x)``, ``numpy.<type>(x)`` or
+``tensor(x, …)`` is read as ``x``; a value that is not a number is left out of its row.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from sorl_monitor.logs.console import console_lines, console_text, read_complete, scan_head
+from sorl_monitor.logs.table import NO_STEPS, ForeignRun, foreign_run, one_row_per_step, records_table
+from sorl_monitor.schema import metric_column
+
+STEP_LINE = re.compile(r"(?<![\w/.-])step:(\d+)( - \S.*)$")
+"""``step:N - …`` anywhere in a line (not ``global_step:N``), up to the line's end."""
+WRAPPED = re.compile(r"^(?:np|numpy|torch)?\.?(?:\w+)\(\s*([^,()]+?)\s*(?:,.*)?\)$")
+"""``np.float64(0.5)``, ``numpy.int64(3)``, ``tensor(0.5, device='cuda:0')``: the number inside."""
+
+
+def number(text: str) -> float | None:
+    """A printed metric value as a float (``0.41``, ``nan``, ``-inf``, ``np.float64(0.002)``, ``tensor(1.5)``,
+    ``True``), or ``None`` when it is none of these."""
+    text = text.strip()
+    if text in ("True", "False"):
+        return float(text == "True")
+    match = WRAPPED.match(text)
+    if match:
+        text = match.group(1)
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def parse_line(line: str) -> tuple[int, dict[str, float]] | None:
+    """``(step, {name: value})`` of one console line holding verl's step metrics, or ``None``."""
+    match = STEP_LINE.search(line)
+    if match is None:
+        return None
+    metrics: dict[str, float] = {}
+    for cell in match.group(2).split(" - ")[1:]:
+        name, sep, raw = cell.partition(":")
+        value = number(raw) if sep and name and " " not in name else None
+        if value is not None:
+            metrics[name] = value
+    return (int(match.group(1)), metrics) if metrics else None
+
+
+def looks_like(path: Path) -> bool:
+    """A text file with a line of verl's step metrics (``step:N - name:value``) in its first ``SCAN_BYTES``."""
+    start = scan_head(path)
+    if b"step:" not in start:
+        return False
+    return any(parse_line(line) is not None for line in console_text(start).splitlines() if "step:" in line)
+
+
+def read(path: Path, name: str) -> list[ForeignRun]:
+    """The run in a captured verl console: one row per ``step:N`` line (a step printed again, as after a
+    resume, keeps its later values), names mapped with verl's table."""
+    rows = []
+    for line in console_lines(read_complete(path)):
+        parsed = parse_line(line) if "step:" in line else None
+        if parsed is not None:
+            step, metrics = parsed
+            rows.append(
+                {"step": step, **{metric_column(k) if k == "step" else k: v for k, v in metrics.items()}}
+            )
+    table = one_row_per_step(records_table(rows), "step") if rows else NO_STEPS
+    return [foreign_run(path, "verl-console", name, table, info={"algorithm": "verl"}, family="verl")]
