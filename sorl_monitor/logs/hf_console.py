@@ -12,8 +12,8 @@ The dict holds no step. Its step, the first rule that applies (``step_rule`` say
 
 1. ``logging_steps`` given (``--logging-steps``, or ``logging_steps`` in the config): the k-th training dict
    is step ``k × logging_steps``;
-2. ``bar``: the training bar's count ``N/M`` on the line before each dict, when every dict has one and the
-   counts rise strictly (the console was a terminal, or unbuffered);
+2. ``bar``: the training bar's count ``N/M`` where it is redrawn after each dict, when every dict has one and
+   the counts rise strictly (the console was a terminal, or stdout unbuffered);
 3. ``logging_steps`` printed in the log (``logging_steps=20``, ``'logging_steps': 20``), else read off the bar:
    ``tqdm.write`` clears the bar (a line of spaces) and redraws it at the step of the write, so the most
    common gap between the redrawn counts is ``logging_steps`` (a block-buffered stdout, as under ``nohup``,
@@ -107,16 +107,16 @@ def _training_bar_counts(lines: list[str]) -> list[tuple[int, int]]:
 
 
 def _bar_steps(dict_lines: list[int], bars: list[tuple[int, int]]) -> list[int] | None:
-    """Rule 2: the bar's count on the last bar line before each dict, if all exist and rise strictly."""
+    """Rule 2: the count of the first training-bar line after each dict (``tqdm.write`` redraws the bar with
+    its exact count right after the text; a drawing before it may be stale, tqdm skips redraws within its
+    ``mininterval``), if every dict has one and they rise strictly."""
     steps, at = [], 0
-    last: int | None = None
     for line in dict_lines:
         while at < len(bars) and bars[at][0] < line:
-            last = bars[at][1]
             at += 1
-        if last is None or (steps and last <= steps[-1]):
+        if at == len(bars) or (steps and bars[at][1] <= steps[-1]):
             return None
-        steps.append(last)
+        steps.append(bars[at][1])
     return steps
 
 
