@@ -46,8 +46,10 @@ import pyarrow.parquet as pq
 from sorl_monitor.logs import (
     ForeignRun,
     LogFormatError,
+    LogOptions,
     LogSource,
     check_format,
+    check_names_found,
     find_logs,
     fingerprint,
     is_run_dir,
@@ -280,8 +282,11 @@ class RunSet:
         fmt: str | None = None,
         *,
         memory_limit: str | None = None,
+        log_options: LogOptions | None = None,
     ) -> None:
         self.roots = _as_paths(paths)
+        self.log_options = log_options
+        """What the user told the log readers (``--map``, ``--logging-steps``: ``logs.options``)."""
         try:
             self.format = check_format(fmt)
         except LogFormatError as error:
@@ -292,6 +297,10 @@ class RunSet:
         """Runs read from other tools' logs, by run id (held in memory; see module docstring)."""
         self._foreign_changed = False
         self._read_foreign_logs(find_foreign_logs(self.roots, fmt))
+        try:
+            check_names_found(list(self.foreign.values()), log_options)
+        except LogFormatError as error:
+            raise QueryError(str(error)) from None
         if not self.run_dirs and not self.foreign:
             where = ", ".join(str(p) for p in self.roots)
             raise QueryError(
@@ -364,7 +373,7 @@ class RunSet:
             if known is not None and known.stamp == stamp:
                 continue
             try:
-                runs = read_source(source)
+                runs = read_source(source, self.log_options)
             except LogFormatError as error:
                 if known is None:
                     raise QueryError(str(error)) from None
@@ -740,10 +749,12 @@ def open_runs(
     fmt: str | None = None,
     *,
     memory_limit: str | None = None,
+    log_options: LogOptions | None = None,
 ) -> RunSet:
     """Open runs for querying (see ``RunSet``); ``fmt`` forces a log format (``logs.FORMATS``);
-    ``memory_limit`` bounds DuckDB's memory (default ``default_memory_limit()``)."""
-    return RunSet(paths, fmt, memory_limit=memory_limit)
+    ``memory_limit`` bounds DuckDB's memory (default ``default_memory_limit()``); ``log_options``: what the
+    user told the log readers (``logs.options``: ``--map``, ``--logging-steps``)."""
+    return RunSet(paths, fmt, memory_limit=memory_limit, log_options=log_options)
 
 
 FOREIGN_STEPS = "_sorl_foreign_steps"
