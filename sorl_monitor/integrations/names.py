@@ -189,6 +189,16 @@ NAME_TABLES: dict[str, Mapping[str, str]] = {
 }
 """One name table per trainer family (``"trl"`` covers transformers' ``Trainer`` too)."""
 
+OLDER_NAMES: dict[str, dict[str, str]] = {
+    # verl v0.3–v0.4 (``ray_trainer.fit``, 2025): agg_loss of the old policy's token entropies, the quantity
+    # later logged as actor/entropy; read as the entropy only when a log has no actor/entropy
+    "verl": {"actor/entropy_loss": "entropy"},
+    # TRL before completions/mean_length (``GRPOTrainer``, early 2025): the mean of completion_mask.sum(1)
+    "trl": {"completion_length": "response_len_mean"},
+}
+"""Names a family's older versions logged for a column the newer name now fills: a log read from a file
+fills the column from the older name when the newer one is absent (``logs.read_source``)."""
+
 _VERL_DATA_UNMAPPED = frozenset(
     {
         "critic/rewards/mean",  # the score minus the KL penalty in the reward

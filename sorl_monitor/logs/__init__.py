@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from sorl_monitor.integrations.names import OLDER_NAMES
 from sorl_monitor.logs import csvlog, hf, hf_console, jsonl, mlflow, tensorboard, verl, verl_console, wandb
 from sorl_monitor.logs.detect import detect_file, detect_folder, is_run_dir
 from sorl_monitor.logs.options import LogOptions, apply_names, source_column
@@ -148,8 +149,8 @@ def _name(path: Path, fmt: str, root: Path | None = None) -> str:
 
 
 def read_source(source: LogSource, options: LogOptions | None = None) -> list[ForeignRun]:
-    """The runs of one log, ``options.names`` applied; ``LogFormatError`` (one line) when it cannot be read as
-    its format."""
+    """The runs of one log, columns filled from a family's older names (``names.OLDER_NAMES``) and then from
+    ``options.names``; ``LogFormatError`` (one line) when it cannot be read as its format."""
     options = options or LogOptions()
     try:
         if source.format == "hf-console":
@@ -161,7 +162,10 @@ def read_source(source: LogSource, options: LogOptions | None = None) -> list[Fo
     except (OSError, ValueError, KeyError) as error:
         raise LogFormatError(f"cannot read {source.path} as {source.format}: {error}") from None
     for run in runs:
+        older = OLDER_NAMES.get(run.family or "", {})
+        present = set(run.steps.column_names)
         try:
+            apply_names(run, [(column, name) for name, column in older.items() if column not in present])
             apply_names(run, options.names)
         except ValueError as error:
             raise LogFormatError(f"{source.path}: {error}") from None

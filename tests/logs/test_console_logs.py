@@ -187,3 +187,12 @@ def test_synthetic_printed_dicts_without_a_bar_use_printed_logging_steps_or_rank
 )
 def test_hf_console_refuses_what_is_not_a_flat_literal_dict(line):
     assert hf_console.parse_dict(line) is None
+
+
+def test_synthetic_older_verl_entropy_name_fills_entropy_only_when_the_newer_is_absent(tmp_path):
+    older = {1: {"actor/entropy_loss": 0.3, "actor/pg_clipfrac": 0.01}}
+    (run,) = read_log(write_verl_console(tmp_path / "old.log", concat_3f, steps=older))
+    assert run.steps.column("entropy").to_pylist() == [0.3]
+    both = {1: {"actor/entropy": 0.5, "actor/entropy_loss": 0.3, "actor/pg_clipfrac": 0.01}}
+    (run,) = read_log(write_verl_console(tmp_path / "new.log", concat_3f, steps=both))
+    assert run.steps.column("entropy").to_pylist() == [0.5]
