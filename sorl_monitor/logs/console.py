@@ -33,10 +33,3 @@ def scan_head(path: Path) -> bytes:
     """The first ``SCAN_BYTES`` of a file, or ``b""`` when it is not text (a NUL byte in it)."""
     start = head(path, SCAN_BYTES)
     return b"" if b"\0" in start else start
-
-
-def read_complete(path: Path) -> bytes:
-    """A console file's content up to its last newline or carriage return (a line still being written waits)."""
-    data = path.read_bytes()
-    cut = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
-    return data[:cut]

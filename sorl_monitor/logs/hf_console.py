@@ -30,7 +30,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from sorl_monitor.logs.console import console_lines, console_text, read_complete, scan_head
+from sorl_monitor.logs.console import console_lines, console_text, scan_head
 from sorl_monitor.logs.table import NO_STEPS, ForeignRun, LogWarning, foreign_run, records_table
 
 MAX_DICT_CHARS = 1 << 16
@@ -46,12 +46,34 @@ LOGGING_STEPS = re.compile(r"""['"]?logging_steps['"]?\s*[=:]\s*(\d+)""")
 NON_FINITE = re.compile(r"(?<![\w'\".])(-?)(nan|inf)(?![\w'\"])")
 
 
+_KEY = r"'([^'\\]*)'"
+_VALUE = r"(?:'([^'\\]*)'|(-?(?:\d[\d.]*(?:[eE][-+]?\d+)?|nan|inf)|True|False|None))"
+ENTRY = re.compile(rf"\s*{_KEY}\s*:\s*{_VALUE}\s*")
+FLAT_DICT = re.compile(rf"\{{(?:\s*{_KEY}\s*:\s*{_VALUE}\s*(?:,\s*{_KEY}\s*:\s*{_VALUE}\s*)*)?\}}")
+"""A flat dict of quoted keys and plain values, the usual printed log dict: read without ``literal_eval``."""
+CONSTANTS = {"True": True, "False": False, "None": None}
+
+
+def _plain_dict(text: str) -> dict[str, Any] | None:
+    """The fast path of ``parse_dict``: a dict ``FLAT_DICT`` matches, its entries read by regex."""
+    if not FLAT_DICT.fullmatch(text):
+        return None
+    logs: dict[str, Any] = {}
+    for key, quoted, plain in ENTRY.findall(text[1:-1]):
+        logs[key] = (CONSTANTS[plain] if plain in CONSTANTS else float(plain)) if plain else quoted
+    return logs
+
+
 def parse_dict(line: str) -> dict[str, Any] | None:
     """The flat dict printed on ``line`` (text before ``{`` ignored), or ``None``."""
     start, end = line.find("{'"), line.rfind("}")
     if start < 0 or end < start or end - start > MAX_DICT_CHARS:
         return None
-    text = NON_FINITE.sub(lambda m: f"'{m.group(1)}{m.group(2)}'", line[start : end + 1])
+    text = line[start : end + 1]
+    plain = _plain_dict(text)
+    if plain is not None:
+        return plain
+    text = NON_FINITE.sub(lambda m: f"'{m.group(1)}{m.group(2)}'", text)
     try:
         value = ast.literal_eval(text)
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
@@ -144,7 +166,7 @@ def _logging_steps_in(text: str, lines: list[str], bars: list[tuple[int, int]]) 
 
 def read(path: Path, name: str, logging_steps: int | None = None) -> list[ForeignRun]:
     """The run in a captured ``Trainer`` console: one row per training dict, its step by the module's rules."""
-    data = read_complete(path)
+    data = path.read_bytes()  # a half-written dict does not parse, a half-drawn bar does not match
     lines = console_lines(data)
     dicts: list[tuple[int, dict[str, Any]]] = []
     for i, line in enumerate(lines):

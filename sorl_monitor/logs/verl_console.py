@@ -13,7 +13,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from sorl_monitor.logs.console import console_lines, console_text, read_complete, scan_head
+from sorl_monitor.logs.console import console_lines, console_text, scan_head
+from sorl_monitor.logs.sniff import complete_lines
 from sorl_monitor.logs.table import NO_STEPS, ForeignRun, foreign_run, one_row_per_step, records_table
 from sorl_monitor.schema import metric_column
 
@@ -26,7 +27,10 @@ WRAPPED = re.compile(r"^(?:np|numpy|torch)?\.?(?:\w+)\(\s*([^,()]+?)\s*(?:,.*)?\
 def number(text: str) -> float | None:
     """A printed metric value as a float (``0.41``, ``nan``, ``-inf``, ``np.float64(0.002)``, ``tensor(1.5)``,
     ``True``), or ``None`` when it is none of these."""
-    text = text.strip()
+    try:
+        return float(text)
+    except ValueError:
+        text = text.strip()
     if text in ("True", "False"):
         return float(text == "True")
     match = WRAPPED.match(text)
@@ -64,7 +68,7 @@ def read(path: Path, name: str) -> list[ForeignRun]:
     """The run in a captured verl console: one row per ``step:N`` line (a step printed again, as after a
     resume, keeps its later values), names mapped with verl's table."""
     rows = []
-    for line in console_lines(read_complete(path)):
+    for line in console_lines(complete_lines(path, lambda _line: False)):
         parsed = parse_line(line) if "step:" in line else None
         if parsed is not None:
             step, metrics = parsed

@@ -196,3 +196,24 @@ def test_synthetic_older_verl_entropy_name_fills_entropy_only_when_the_newer_is_
     both = {1: {"actor/entropy": 0.5, "actor/entropy_loss": 0.3, "actor/pg_clipfrac": 0.01}}
     (run,) = read_log(write_verl_console(tmp_path / "new.log", concat_3f, steps=both))
     assert run.steps.column("entropy").to_pylist() == [0.5]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "{'loss': '3.647', 'grad_norm': 1.04, 'learning_rate': 4.167e-05, 'epoch': 0.19}",
+        "{'loss': 0.5, 'flag': True, 'none': None, 'neg': -1.5e-3, 'text': 'it is', 'epoch': 1}",
+        "{'loss': \"it's\", 'epoch': 1}",  # double quotes: literal_eval's path
+    ],
+)
+def test_hf_console_fast_path_reads_what_literal_eval_reads(line):
+    import ast
+
+    expected = {k: float(v) if isinstance(v, int) and not isinstance(v, bool) else v
+                for k, v in ast.literal_eval(line).items()}  # fmt: skip
+    assert hf_console.parse_dict("prefix " + line) == expected
+
+
+def test_hf_console_fast_path_reads_bare_non_finite_values():
+    logs = hf_console.parse_dict("{'loss': nan, 'kl': -inf, 'epoch': 0.5}")
+    assert math.isnan(logs["loss"]) and logs["kl"] == -math.inf and logs["epoch"] == 0.5
