@@ -17,6 +17,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sorl_monitor.logs.sniff import first_json_line, head
 from sorl_monitor.logs.table import (
     STEP_COLUMNS,
     WALL_TIME_COLUMNS,
@@ -38,6 +39,12 @@ def kind_column(table: pa.Table) -> str | None:
         if name in table.column_names and pa.types.is_string(table.schema.field(name).type):
             return name
     return None
+
+
+def file_has_kinds(path: Path) -> bool:
+    """Whether a JSON-lines file's first object has a text kind column (``KIND_COLUMNS``)."""
+    first = first_json_line(head(path))
+    return isinstance(first, dict) and any(isinstance(first.get(name), str) for name in KIND_COLUMNS)
 
 
 def is_eval(kind: str | None) -> bool:
