@@ -20,6 +20,9 @@ from sorl_monitor.schema import metric_column
 
 STEP_LINE = re.compile(r"(?<![\w/.-])step:(\d+)( - \S.*)$")
 """``step:N - …`` anywhere in a line (not ``global_step:N``), up to the line's end."""
+VALIDATION_PREFIXES = ("val-", "val/")
+"""verl's validation metrics (``val-core/…``, ``val-aux/…``; ``val/…`` before): a line of nothing else is an
+evaluation (``val_before_train`` prints one at step 0), not a training step, and is left out."""
 WRAPPED = re.compile(r"^(?:np|numpy|torch)?\.?(?:\w+)\(\s*([^,()]+?)\s*(?:,.*)?\)$")
 """``np.float64(0.5)``, ``numpy.int64(3)``, ``tensor(0.5, device='cuda:0')``: the number inside."""
 
@@ -66,11 +69,12 @@ def looks_like(path: Path) -> bool:
 
 def read(path: Path, name: str) -> list[ForeignRun]:
     """The run in a captured verl console: one row per ``step:N`` line (a step printed again, as after a
-    resume, keeps its later values), names mapped with verl's table."""
+    resume, keeps its later values; a line of validation metrics only is left out), names mapped with
+    verl's table."""
     rows = []
     for line in console_lines(complete_lines(path, lambda _line: False)):
         parsed = parse_line(line) if "step:" in line else None
-        if parsed is not None:
+        if parsed is not None and not all(k.startswith(VALIDATION_PREFIXES) for k in parsed[1]):
             step, metrics = parsed
             rows.append(
                 {"step": step, **{metric_column(k) if k == "step" else k: v for k, v in metrics.items()}}

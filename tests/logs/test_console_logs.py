@@ -217,3 +217,18 @@ def test_hf_console_fast_path_reads_what_literal_eval_reads(line):
 def test_hf_console_fast_path_reads_bare_non_finite_values():
     logs = hf_console.parse_dict("{'loss': nan, 'kl': -inf, 'epoch': 0.5}")
     assert math.isnan(logs["loss"]) and logs["kl"] == -math.inf and logs["epoch"] == 0.5
+
+
+def test_synthetic_verl_console_validation_only_line_is_left_out_and_a_comma_first_line_is_no_csv(tmp_path):
+    path = tmp_path / "verl.log"
+    lines = [
+        "2025-05-22 07:03:31,997\tINFO job_manager.py:531 -- Runtime env is setting up.",  # a comma: CSV-like
+        RAY_PREFIX + "step:0 - val-core/openai/gsm8k/reward/mean@1:0.81",  # val_before_train
+        RAY_PREFIX + "step:1 - actor/entropy:0.5 - val-core/openai/gsm8k/reward/mean@1:0.82",
+        RAY_PREFIX + "step:2 - actor/entropy:0.4",
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    assert detect_format(path) == "verl-console"
+    (run,) = read_log(path)
+    assert run.steps.column("step").to_pylist() == [1, 2]
+    assert run.steps.column("val_core_openai_gsm8k_reward_mean_1").to_pylist() == [0.82, None]
