@@ -13,9 +13,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
+
 from sorl_monitor.logs.console import console_lines, console_text, scan_head
 from sorl_monitor.logs.sniff import complete_lines
-from sorl_monitor.logs.table import NO_STEPS, ForeignRun, foreign_run, one_row_per_step, records_table
+from sorl_monitor.logs.table import NO_STEPS, ForeignRun, foreign_run, pivot
 from sorl_monitor.schema import metric_column
 
 STEP_LINE = re.compile(r"(?<![\w/.-])step:(\d+)( - \S.*)$")
@@ -23,26 +25,23 @@ STEP_LINE = re.compile(r"(?<![\w/.-])step:(\d+)( - \S.*)$")
 VALIDATION_PREFIXES = ("val-", "val/")
 """verl's validation metrics (``val-core/…``, ``val-aux/…``; ``val/…`` before): a line of nothing else is an
 evaluation (``val_before_train`` prints one at step 0), not a training step, and is left out."""
-WRAPPED = re.compile(r"^(?:np|numpy|torch)?\.?(?:\w+)\(\s*([^,()]+?)\s*(?:,.*)?\)$")
-"""``np.float64(0.5)``, ``numpy.int64(3)``, ``tensor(0.5, device='cuda:0')``: the number inside."""
+_NUMBER = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|inf)|True|False"
+_VALUE = rf"(?:(?:np|numpy|torch)\.\w+\(|tensor\()?\s*({_NUMBER})\s*(?:,[^)]*)?\)?"
+VALUE = re.compile(_VALUE)
+"""A printed value: ``0.41``, ``nan``, ``True``, ``np.float64(0.002)``, ``numpy.int64(3)``,
+``tensor(0.25, device='cuda:0')``; the number inside is its group 1."""
+CELL = re.compile(rf" - ([^\s:]+):{_VALUE}(?= - |\s*$)")
+"""One `` - name:value`` of a step line whose value is a number (others are skipped)."""
+BOOLS = {"True": 1.0, "False": 0.0}
 
 
 def number(text: str) -> float | None:
-    """A printed metric value as a float (``0.41``, ``nan``, ``-inf``, ``np.float64(0.002)``, ``tensor(1.5)``,
-    ``True``), or ``None`` when it is none of these."""
-    try:
-        return float(text)
-    except ValueError:
-        text = text.strip()
-    if text in ("True", "False"):
-        return float(text == "True")
-    match = WRAPPED.match(text)
-    if match:
-        text = match.group(1)
-    try:
-        return float(text)
-    except ValueError:
+    """A printed metric value as a float (``VALUE``), or ``None`` when it is not a number."""
+    match = VALUE.fullmatch(text.strip())
+    if match is None:
         return None
+    raw = match.group(1)
+    return BOOLS[raw] if raw in BOOLS else float(raw)
 
 
 def parse_line(line: str) -> tuple[int, dict[str, float]] | None:
@@ -50,12 +49,7 @@ def parse_line(line: str) -> tuple[int, dict[str, float]] | None:
     match = STEP_LINE.search(line)
     if match is None:
         return None
-    metrics: dict[str, float] = {}
-    for cell in match.group(2).split(" - ")[1:]:
-        name, sep, raw = cell.partition(":")
-        value = number(raw) if sep and name and " " not in name else None
-        if value is not None:
-            metrics[name] = value
+    metrics = {name: BOOLS[raw] if raw in BOOLS else float(raw) for name, raw in CELL.findall(match.group(2))}
     return (int(match.group(1)), metrics) if metrics else None
 
 
@@ -71,13 +65,15 @@ def read(path: Path, name: str) -> list[ForeignRun]:
     """The run in a captured verl console: one row per ``step:N`` line (a step printed again, as after a
     resume, keeps its later values; a line of validation metrics only is left out), names mapped with
     verl's table."""
-    rows = []
+    steps: list[int] = []
+    names: list[str] = []
+    values: list[float] = []
     for line in console_lines(complete_lines(path, lambda _line: False)):
         parsed = parse_line(line) if "step:" in line else None
         if parsed is not None and not all(k.startswith(VALIDATION_PREFIXES) for k in parsed[1]):
             step, metrics = parsed
-            rows.append(
-                {"step": step, **{metric_column(k) if k == "step" else k: v for k, v in metrics.items()}}
-            )
-    table = one_row_per_step(records_table(rows), "step") if rows else NO_STEPS
+            steps.extend([step] * len(metrics))
+            names.extend(metric_column(k) if k == "step" else k for k in metrics)
+            values.extend(metrics.values())
+    table = pivot(np.array(steps, np.int64), names, np.array(values), None) if steps else NO_STEPS
     return [foreign_run(path, "verl-console", name, table, info={"algorithm": "verl"}, family="verl")]
