@@ -10,8 +10,8 @@ Files, in this order:
 - ``csv``: a CSV whose header has a step column;
 - ``verl-console``: a text file with a line of verl's console metrics (``step:N - name:value - …``) in its
   first MiB;
-- ``hf-console``: a text file with a line that is a printed ``Trainer`` log dict (``{'loss': …, 'epoch': …}``)
-  in its first MiB.
+- ``hf-console``: a text file with a line that is a printed ``Trainer`` log dict (``{'loss': …, 'epoch': …}``,
+  alone on its line or after a ``(pid=…)`` prefix) in its first MiB.
 
 Folders: ``sorl`` (a run folder with ``run.json`` or ``<table>/rank=R``, or a folder of them), ``hf`` (an
 output folder with ``trainer_state.json`` or ``checkpoint-*/trainer_state.json``), ``mlflow`` (a store,

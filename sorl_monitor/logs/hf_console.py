@@ -108,14 +108,19 @@ def is_training_dict(logs: dict[str, Any]) -> bool:
     )
 
 
+DICT_LINE = re.compile(r"^\s*(?:\([^()]*\)\s*)?\{'.*\}\s*$")
+"""A line that is a printed dict, alone or after a Ray-style ``(pid=…)`` prefix (not ``logs = {…}`` in code)."""
+
+
 def looks_like(path: Path) -> bool:
-    """A text file with a training log dict on one of its lines in its first ``SCAN_BYTES``."""
+    """A text file with a line that is a training log dict (``DICT_LINE``) in its first ``SCAN_BYTES``."""
     start = scan_head(path)
     if b"{'" not in start or b"'epoch'" not in start:
         return False
     for line in console_text(start).replace("\r", "\n").splitlines():
-        if "'epoch'" in line and (logs := parse_dict(line)) is not None and EPOCH in logs:
-            return True
+        if "'epoch'" in line and DICT_LINE.match(line) and (logs := parse_dict(line)) is not None:
+            if is_training_dict(logs):
+                return True
     return False
 
 

@@ -232,3 +232,12 @@ def test_synthetic_verl_console_validation_only_line_is_left_out_and_a_comma_fir
     (run,) = read_log(path)
     assert run.steps.column("step").to_pylist() == [1, 2]
     assert run.steps.column("val_core_openai_gsm8k_reward_mean_1").to_pylist() == [0.82, None]
+
+
+def test_python_code_with_a_log_dict_is_not_a_console_log(tmp_path):
+    code = tmp_path / "train.py"
+    code.write_text("logs = {'loss': 0.1, 'epoch': 1.0}\nprint(logs)\n")
+    assert detect_format(code) is None
+    ray = tmp_path / "ray.log"
+    ray.write_text("(RayTrainWorker pid=7) {'loss': 0.1, 'epoch': 1.0}\n")
+    assert detect_format(ray) == "hf-console"
