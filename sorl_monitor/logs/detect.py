@@ -8,6 +8,7 @@ Files, in this order:
 - ``verl``: JSON lines whose first line is ``{"step": N, "data": {...}}``;
 - ``jsonl``: JSON lines whose first object has a step column (``table.STEP_COLUMNS``);
 - ``csv``: a CSV whose header has a step column;
+- ``jsonl`` again: JSON lines of row kinds whose first row has no step (a ``config`` row) but a later one does;
 - ``verl-console``: a text file with a line of verl's console metrics (``step:N - name:value - …``) in its
   first MiB;
 - ``hf-console``: a text file with a line that is a printed ``Trainer`` log dict (``{'loss': …, 'epoch': …}``,
@@ -25,7 +26,7 @@ import json
 import struct
 from pathlib import Path
 
-from sorl_monitor.logs import hf, hf_console, mlflow, tensorboard, verl_console, wandb
+from sorl_monitor.logs import hf, hf_console, mlflow, row_kinds, tensorboard, verl_console, wandb
 from sorl_monitor.logs.sniff import csv_header, first_json_line, first_list_item, head, text_kind
 from sorl_monitor.logs.table import step_column
 from sorl_monitor.schema import RUN_FILE, TABLES
@@ -61,6 +62,8 @@ def detect_file(path: Path) -> str | None:
     found = _structured_file_format(path)
     if found is not None:
         return found
+    if row_kinds.looks_like(head(path)):
+        return "jsonl"
     if verl_console.looks_like(path):
         return "verl-console"
     if hf_console.looks_like(path):

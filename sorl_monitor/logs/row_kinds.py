@@ -12,6 +12,7 @@ keeps its name in the kind seen first and becomes ``<kind>/<name>`` in the other
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pyarrow as pa
@@ -25,6 +26,7 @@ from sorl_monitor.logs.table import (
     LogFormatError,
     foreign_run,
     one_row_per_step,
+    step_column,
 )
 
 KIND_COLUMNS = ("type", "kind", "row_type", "event", "phase", "split")
@@ -45,6 +47,21 @@ def file_has_kinds(path: Path) -> bool:
     """Whether a JSON-lines file's first object has a text kind column (``KIND_COLUMNS``)."""
     first = first_json_line(head(path))
     return isinstance(first, dict) and any(isinstance(first.get(name), str) for name in KIND_COLUMNS)
+
+
+def looks_like(start: bytes, lines: int = 64) -> bool:
+    """JSON lines whose first object has a kind column and one of the first ``lines`` objects a step column
+    (a loop may log a ``config`` row before its first step)."""
+    rows = []
+    for line in start.split(b"\n")[:lines]:
+        try:
+            rows.append(json.loads(line))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            continue
+    rows = [row for row in rows if isinstance(row, dict)]
+    if not rows or not any(isinstance(rows[0].get(name), str) for name in KIND_COLUMNS):
+        return False
+    return any(step_column(row) for row in rows)
 
 
 def is_eval(kind: str | None) -> bool:

@@ -80,3 +80,11 @@ def test_synthetic_rows_of_one_kind_read_as_before(tmp_path):
         write(tmp_path / "m.jsonl", [{"step": 1, "type": "train", "loss": 1.0}, {"step": 2, "loss": 2.0}])
     )
     assert run.steps.column("step").to_pylist() == [1, 2]
+
+
+def test_synthetic_row_kinds_starting_with_a_row_without_a_step_are_detected(tmp_path):
+    records = [{"type": "config", "lr": 1e-5}, *rows()]
+    path = write(tmp_path / "metrics.jsonl", records)
+    assert detect_format(path) == "jsonl"
+    (run,) = read_log(path)
+    assert run.steps.column("step").to_pylist() == [1, 2, 3]
