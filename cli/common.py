@@ -9,6 +9,7 @@ import json
 import math
 from collections.abc import Callable
 from enum import StrEnum
+from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
 
 import pyarrow as pa
@@ -20,7 +21,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from sorl_monitor.logs import FORMATS
+from sorl_monitor.logs import FORMATS, LogOptions
+from sorl_monitor.logs.options import config_tables
 from sorl_monitor.query import QueryError, RunSet, open_runs
 
 console = Console()
@@ -63,15 +65,48 @@ LogFormat = StrEnum("LogFormat", {name: name for name in FORMATS})
 LogFormatOption = Annotated[
     LogFormat | None, typer.Option("--format", help="Log format (default: detected; docs/logs.md).")
 ]
+MapOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--map",
+        help="Read the log's metric NAME as COLUMN: COLUMN=NAME, e.g. reward=train_reward (repeatable; "
+        "docs/logs.md).",
+    ),
+]
+LoggingStepsOption = Annotated[
+    int | None,
+    typer.Option(
+        "--logging-steps",
+        min=1,
+        help="Optimizer steps between printed log dicts (Hugging Face console logs).",
+    ),
+]
 RUN_PATH_HELP = "A run folder, a folder of runs, or another tool's log (file or folder; docs/logs.md)."
 
 
-def open_or_fail(
-    paths: str | list[str], fmt: LogFormat | str | None = None, *, memory_limit: str | None = None
-) -> RunSet:
-    """``open_runs(paths, fmt, memory_limit=…)``, or ``error: …`` and exit 2."""
+def log_options(
+    names: list[str] | None, logging_steps: int | None = None, config_file: str | Path | None = None
+) -> LogOptions:
+    """``--map`` and ``--logging-steps`` over the ``[map]`` and ``[logs]`` tables of ``--config``; ``error: …`` and
+    exit 2 for a bad one."""
     try:
-        return open_runs(paths, None if fmt is None else str(fmt), memory_limit=memory_limit)
+        return LogOptions.build(names or (), logging_steps, config_tables(config_file))
+    except ValueError as error:
+        fail(str(error))
+
+
+def open_or_fail(
+    paths: str | list[str],
+    fmt: LogFormat | str | None = None,
+    *,
+    memory_limit: str | None = None,
+    options: LogOptions | None = None,
+) -> RunSet:
+    """``open_runs(paths, fmt, memory_limit=…, log_options=…)``, or ``error: …`` and exit 2."""
+    try:
+        return open_runs(
+            paths, None if fmt is None else str(fmt), memory_limit=memory_limit, log_options=options
+        )
     except QueryError as error:
         fail(str(error))
 

@@ -10,7 +10,10 @@ from sorl_monitor.cli.common import (
     RUN_PATH_HELP,
     TABLE_ROWS,
     LogFormatOption,
+    LoggingStepsOption,
+    MapOption,
     fail,
+    log_options,
     open_or_fail,
     print_table,
     user_errors,
@@ -31,11 +34,16 @@ def output_format(csv: bool, json_: bool) -> str:
 
 @user_errors
 def runs(
-    log_dir: RunPath, csv: CsvOption = False, json_: JsonOption = False, fmt: LogFormatOption = None
+    log_dir: RunPath,
+    csv: CsvOption = False,
+    json_: JsonOption = False,
+    fmt: LogFormatOption = None,
+    map_: MapOption = None,
+    logging_steps: LoggingStepsOption = None,
 ) -> None:
     """List the runs under LOG_DIR: algorithm, seed, status, updates, last reward (and path, with --csv/--json)."""
     output = output_format(csv, json_)
-    with open_or_fail(log_dir, fmt) as run_set:
+    with open_or_fail(log_dir, fmt, options=log_options(map_, logging_steps)) as run_set:
         overview = run_overview(run_set)
     if overview.column("verdict").null_count == overview.num_rows:  # no `sorl fleet` table here
         overview = overview.drop_columns(["verdict"])
@@ -59,6 +67,8 @@ def query(
     csv: CsvOption = False,
     json_: JsonOption = False,
     fmt: LogFormatOption = None,
+    map_: MapOption = None,
+    logging_steps: LoggingStepsOption = None,
     timeout: Annotated[
         float, typer.Option("--timeout", min=0.001, help="Stop the query after this many seconds.")
     ] = USER_SQL_TIMEOUT_S,
@@ -73,7 +83,9 @@ def query(
     output = output_format(csv, json_)
     # a table shows TABLE_ROWS rows; one more fetched tells there are more
     shown = None if output != "table" else TABLE_ROWS + 1
-    with open_or_fail(path, fmt, memory_limit=memory_limit) as run_set:
+    with open_or_fail(
+        path, fmt, memory_limit=memory_limit, options=log_options(map_, logging_steps)
+    ) as run_set:
         result = run_set.user_sql(sql, timeout_s=timeout, max_rows=shown)
     print_table(result, output, max_rows=TABLE_ROWS, complete=shown is None)
 
@@ -85,10 +97,12 @@ def summary(
     csv: CsvOption = False,
     json_: JsonOption = False,
     fmt: LogFormatOption = None,
+    map_: MapOption = None,
+    logging_steps: LoggingStepsOption = None,
 ) -> None:
     """Per-metric count, min, median, max and last value of one run."""
     output = output_format(csv, json_)
-    with open_or_fail(path, fmt) as run_set:
+    with open_or_fail(path, fmt, options=log_options(map_, logging_steps)) as run_set:
         run_ids = [r["run_id"] for r in run_set.sql("SELECT run_id FROM runs ORDER BY run_id").to_pylist()]
         if run is None and len(run_ids) > 1:
             fail(f"{path} holds {len(run_ids)} runs; pick one with --run ({', '.join(run_ids[:5])}…)")

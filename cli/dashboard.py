@@ -17,13 +17,24 @@ from typing import Annotated
 import typer
 
 import sorl_monitor.dashboard as dashboard
-from sorl_monitor.cli.common import LogFormatOption, err_console, fail, require, user_errors
+from sorl_monitor.cli.common import (
+    LogFormatOption,
+    LoggingStepsOption,
+    MapOption,
+    err_console,
+    fail,
+    log_options,
+    require,
+    user_errors,
+)
 from sorl_monitor.dashboard.settings import (
     CONFIG_ENV,
     DEFAULT_REFRESH_S,
     DEFAULT_SQL_TIMEOUT_S,
     FORMAT_ENV,
     LOG_DIR_ENV,
+    LOG_MAP_ENV,
+    LOGGING_STEPS_ENV,
     OVERRIDES_ENV,
     REFRESH_ENV,
     SQL_TIMEOUT_ENV,
@@ -91,6 +102,8 @@ def dashboard_command(
         typer.Option("--set", help="Override one setting: name=value (repeatable; as for sorl postmortem)."),
     ] = None,
     fmt: LogFormatOption = None,
+    map_: MapOption = None,
+    logging_steps: LoggingStepsOption = None,
 ) -> None:
     """Start the live dashboard on LOG_DIR: curves, turns, gradients, alerts and verdict, read-only SQL."""
     require("streamlit", "dashboard")
@@ -103,6 +116,7 @@ def dashboard_command(
             f"I know ({', '.join(FORMATS)}); give --format to force one"
         )
     load_configs(config, set_ or ())
+    log_options(map_, logging_steps, config)
     try:
         socket.getaddrinfo(host, port)
     except socket.gaierror:
@@ -126,6 +140,10 @@ def dashboard_command(
         env[OVERRIDES_ENV] = "\n".join(set_)
     if fmt is not None:
         env[FORMAT_ENV] = str(fmt)
+    if map_:
+        env[LOG_MAP_ENV] = "\n".join(map_)
+    if logging_steps is not None:
+        env[LOGGING_STEPS_ENV] = str(logging_steps)
     err_console.print(f"sorl dashboard: http://{host}:{port} (Ctrl-C to stop)")
     command = streamlit_command(host, port)
     os.execve(command[0], command, env)

@@ -17,8 +17,11 @@ import typer
 from sorl_monitor.cli.common import (
     RUN_PATH_HELP,
     LogFormatOption,
+    LoggingStepsOption,
+    MapOption,
     console,
     fail,
+    log_options,
     open_or_fail,
     print_table,
     require,
@@ -26,6 +29,7 @@ from sorl_monitor.cli.common import (
 )
 from sorl_monitor.detectors import DetectorConfig
 from sorl_monitor.live import LiveRuns
+from sorl_monitor.logs import LogOptions
 from sorl_monitor.notify import Notifier, alert_text, collapse_text
 from sorl_monitor.postmortem import PostmortemConfig, Verdict, load_configs
 from sorl_monitor.postmortem import postmortem as run_postmortem
@@ -138,13 +142,15 @@ def postmortem(
     config_file: ConfigOption = None,
     set_: SetOption = None,
     fmt: LogFormatOption = None,
+    map_: MapOption = None,
+    logging_steps: LoggingStepsOption = None,
 ) -> None:
     """Timeline, collapse, lead time, and for a collapse its root cause and remedy, of one run or log.
 
     Exit status: 0 healthy, 3 collapse found, 2 user error.
     """
     configs = _configs(config_file, set_)
-    with open_or_fail(run, fmt) as run_set:
+    with open_or_fail(run, fmt, options=log_options(map_, logging_steps, config_file)) as run_set:
         verdict = run_postmortem(run_set, pick_run(run_set, run, run_id), *configs)
     if json_:
         typer.echo(json.dumps(verdict.to_dict()))
@@ -160,6 +166,8 @@ def report(
     config_file: ConfigOption = None,
     set_: SetOption = None,
     fmt: LogFormatOption = None,
+    map_: MapOption = None,
+    logging_steps: LoggingStepsOption = None,
 ) -> None:
     """One self-contained HTML page (opens offline) with the curves, alerts and verdict of each run."""
     require("plotly", "dashboard")
@@ -168,7 +176,7 @@ def report(
     configs = _configs(config_file, set_)
     if html_path.is_dir():
         fail(f"--html must name a file, not the folder {html_path}")
-    with open_or_fail(runs, fmt) as run_set:
+    with open_or_fail(runs, fmt, options=log_options(map_, logging_steps, config_file)) as run_set:
         run_ids = _run_ids(run_set)
         page, count = build_report(run_set, run_ids, *configs)
     try:
@@ -199,12 +207,15 @@ def compare(
     config_file: ConfigOption = None,
     set_: SetOption = None,
     fmt: LogFormatOption = None,
+    map_: MapOption = None,
+    logging_steps: LoggingStepsOption = None,
 ) -> None:
     """Side-by-side key metrics and verdicts of two runs."""
     configs = _configs(config_file, set_)
+    options = log_options(map_, logging_steps, config_file)
     columns: dict[str, dict[str, Any]] = {}
     for path in (run_a, run_b):
-        with open_or_fail(path, fmt) as run_set:
+        with open_or_fail(path, fmt, options=options) as run_set:
             run_id = pick_run(run_set, path, None)
             if run_id in columns:
                 fail(f"both arguments are run {run_id!r}")
@@ -246,6 +257,8 @@ def watch(
     config_file: ConfigOption = None,
     set_: SetOption = None,
     fmt: LogFormatOption = None,
+    map_: MapOption = None,
+    logging_steps: LoggingStepsOption = None,
     notify: Annotated[
         str | None,
         typer.Option(
@@ -260,7 +273,8 @@ def watch(
     configs = _configs(config_file, set_)
     notifier = Notifier(notify) if notify else None
     try:
-        _watch(run, run_id, interval, max_seconds, configs, fmt, notifier)
+        options = log_options(map_, logging_steps, config_file)
+        _watch(run, run_id, interval, max_seconds, configs, fmt, notifier, options)
     finally:
         if notifier is not None:
             notifier.close()
@@ -274,9 +288,10 @@ def _watch(
     configs: tuple[DetectorConfig, PostmortemConfig],
     fmt: LogFormatOption,
     notifier: Notifier | None,
+    options: LogOptions | None = None,
 ) -> None:
     started = time.monotonic()
-    with open_or_fail(run, fmt) as run_set:
+    with open_or_fail(run, fmt, options=options) as run_set:
         run_id = pick_run(run_set, run, run_id)
         live = LiveRuns(run_set, detector_config=configs[0], postmortem_config=configs[1], min_refresh_s=0)
         printed: set[tuple[int, str, str]] = set()

@@ -15,9 +15,20 @@ import typer
 if TYPE_CHECKING:
     from sorl_monitor.monitor import Monitor
 
-from sorl_monitor.cli.common import LogFormatOption, console, err_console, fail, require, user_errors
-from sorl_monitor.logs import LogSource, find_logs, fingerprint, read_source
+from sorl_monitor.cli.common import (
+    LogFormatOption,
+    LoggingStepsOption,
+    MapOption,
+    console,
+    err_console,
+    fail,
+    log_options,
+    require,
+    user_errors,
+)
+from sorl_monitor.logs import LogOptions, LogSource, find_logs, fingerprint, read_source
 from sorl_monitor.logs.ingest import LINE_FORMATS, IngestReport, ingest_lines, ingest_run, parse_flat_line
+from sorl_monitor.logs.row_kinds import file_has_kinds
 from sorl_monitor.logs.verl import parse_record
 from sorl_monitor.query import QueryError, open_runs
 from sorl_monitor.schema import check_run_id
@@ -128,11 +139,17 @@ def ingest_line_log(
 
 
 def ingest_whole_log(
-    source: LogSource, log_dir: Path, run: str | None, follow: bool, idle_timeout: float | None, poll: float
+    source: LogSource,
+    log_dir: Path,
+    run: str | None,
+    follow: bool,
+    idle_timeout: float | None,
+    poll: float,
+    options: LogOptions | None = None,
 ) -> None:
     """Read a log whole and write each of its runs; with ``follow``, read it again whenever its files change
     and write the steps after the last one written."""
-    runs = read_source(source)
+    runs = read_source(source, options)
     if run is not None and len(runs) > 1:
         fail(f"{source.path} holds {len(runs)} runs; --run names one run")
     written: dict[
@@ -163,7 +180,7 @@ def ingest_whole_log(
                 time.sleep(poll)
                 if (now := fingerprint(source)) != stamp:
                     stamp, idle_since = now, time.monotonic()
-                    runs = read_source(source)
+                    runs = read_source(source, options)
                     break
                 if idle_timeout is not None and time.monotonic() - idle_since > idle_timeout:
                     stop.set()
@@ -195,6 +212,8 @@ def ingest(
     poll: Annotated[
         float, typer.Option("--poll", min=0.01, help="With --follow: seconds between reads.")
     ] = 0.5,
+    map_: MapOption = None,
+    logging_steps: LoggingStepsOption = None,
 ) -> None:
     """Write the steps of the log at PATH into a run under --log-dir; steps already in that run are skipped."""
     if not path.exists():
@@ -211,7 +230,10 @@ def ingest(
             f"{path} holds {len(sources)} logs; ingest one at a time ({', '.join(str(s.path) for s in sources[:3])}…)"
         )
     source = sources[0]
-    ingest_one = (
-        ingest_line_log if source.format in LINE_FORMATS and source.path.is_file() else ingest_whole_log
-    )
-    ingest_one(source, log_dir, run, follow, idle_timeout, poll)
+    options = log_options(map_, logging_steps)
+    # JSON lines of row kinds merge rows across lines, and --map renames after reading: both read whole
+    streamed = source.format in LINE_FORMATS and source.path.is_file()
+    if streamed and not options.names and not (source.format == "jsonl" and file_has_kinds(source.path)):
+        ingest_line_log(source, log_dir, run, follow, idle_timeout, poll)
+    else:
+        ingest_whole_log(source, log_dir, run, follow, idle_timeout, poll, options)

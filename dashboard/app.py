@@ -39,7 +39,12 @@ if settings.log_dir is None:
     st.stop()
 try:
     live = common.live_runs(
-        str(settings.log_dir), settings.detector_config, settings.detector_overrides, settings.log_format
+        str(settings.log_dir),
+        settings.detector_config,
+        settings.detector_overrides,
+        settings.log_format,
+        settings.log_map,
+        settings.logging_steps,
     )
 except ValueError as error:
     st.error(f"Bad detector settings: {error}")

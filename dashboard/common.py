@@ -16,6 +16,8 @@ import streamlit as st
 from sorl_monitor.dashboard.live_chart import live_chart
 from sorl_monitor.dashboard.settings import Settings
 from sorl_monitor.live import LiveRuns
+from sorl_monitor.logs import LogOptions
+from sorl_monitor.logs.options import config_tables
 from sorl_monitor.postmortem import load_configs
 from sorl_monitor.query import QueryError
 
@@ -28,11 +30,20 @@ def live_runs(
     detector_config: str | None,
     detector_overrides: tuple[str, ...],
     log_format: str | None = None,
+    log_map: tuple[str, ...] = (),
+    logging_steps: int | None = None,
 ) -> LiveRuns:
     """One ``LiveRuns`` per log dir and detector settings, shared by every viewer (each part is read once);
     closed when the cache drops it or the server exits. ``ValueError`` for bad detector settings."""
     detectors, postmortem_config = load_configs(detector_config, detector_overrides)
-    return LiveRuns(log_dir, detector_config=detectors, postmortem_config=postmortem_config, fmt=log_format)
+    options = LogOptions.build(log_map, logging_steps, config_tables(detector_config))
+    return LiveRuns(
+        log_dir,
+        detector_config=detectors,
+        postmortem_config=postmortem_config,
+        fmt=log_format,
+        log_options=options,
+    )
 
 
 atexit.register(live_runs.clear)

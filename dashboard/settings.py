@@ -14,6 +14,10 @@ OVERRIDES_ENV = "SORL_DASHBOARD_DETECTOR_SET"
 """Detector overrides, one ``name=value`` a line (``sorl dashboard --set``)."""
 FORMAT_ENV = "SORL_DASHBOARD_LOG_FORMAT"
 """The log format ``sorl dashboard --format`` forces (``sorl_monitor.logs.FORMATS``); detected when unset."""
+LOG_MAP_ENV = "SORL_DASHBOARD_LOG_MAP"
+"""``sorl dashboard --map`` items, one ``column=name`` a line (``sorl_monitor.logs.options``)."""
+LOGGING_STEPS_ENV = "SORL_DASHBOARD_LOGGING_STEPS"
+"""``sorl dashboard --logging-steps`` (Hugging Face console logs)."""
 SQL_TIMEOUT_ENV = "SORL_DASHBOARD_SQL_TIMEOUT_S"
 """Seconds a statement of the SQL tab may run (``sorl dashboard --sql-timeout``)."""
 DEFAULT_REFRESH_S = 0.5
@@ -30,6 +34,8 @@ class Settings:
     detector_overrides: tuple[str, ...] = ()
     log_format: str | None = None
     sql_timeout_s: float = DEFAULT_SQL_TIMEOUT_S
+    log_map: tuple[str, ...] = ()
+    logging_steps: int | None = None
 
 
 def settings() -> Settings:
@@ -44,6 +50,8 @@ def settings() -> Settings:
         overrides,
         os.environ.get(FORMAT_ENV) or None,
         max(0.1, _number(SQL_TIMEOUT_ENV, DEFAULT_SQL_TIMEOUT_S)),
+        tuple(line for line in os.environ.get(LOG_MAP_ENV, "").splitlines() if line.strip()),
+        int(steps) if (steps := os.environ.get(LOGGING_STEPS_ENV, "")).isdigit() else None,
     )
 
 

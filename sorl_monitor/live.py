@@ -38,6 +38,7 @@ import pyarrow.compute as pc
 
 from sorl_monitor.detectors import ALERT_COLUMNS, ArrowDetector, DetectorConfig, with_columns
 from sorl_monitor.figures.series import column_values
+from sorl_monitor.logs import LogOptions
 from sorl_monitor.postmortem import COLLAPSE_SQL, PostmortemConfig, Verdict, collapse_params, postmortem
 from sorl_monitor.query import (
     READ_PARTS_SQL,
@@ -179,11 +180,14 @@ class LiveRuns:
         detector_config: DetectorConfig | None = None,
         postmortem_config: PostmortemConfig | None = None,
         verdict_every_s: float = 30.0,
+        log_options: LogOptions | None = None,
     ) -> None:
         self.run_set: RunSet | None = source if isinstance(source, RunSet) else None
         self._owns_run_set = self.run_set is None
         self.log_dir = self.run_set.roots[0] if self.run_set is not None else Path(source)
         self.fmt = fmt
+        self.log_options = log_options
+        """What the user told the log readers (``logs.options``: ``--map``, ``--logging-steps``)."""
         self.min_refresh_s = min_refresh_s
         self.detector_config = detector_config or DetectorConfig()
         self.postmortem_config = postmortem_config or PostmortemConfig()
@@ -240,7 +244,9 @@ class LiveRuns:
             )
             return False
         try:
-            self.run_set = open_runs(self.log_dir, self.fmt, user_sql_threads=USER_SQL_THREADS)
+            self.run_set = open_runs(
+                self.log_dir, self.fmt, user_sql_threads=USER_SQL_THREADS, log_options=self.log_options
+            )
         except QueryError as error:
             if not self.log_dir.is_dir():
                 self.problem = f"{self.log_dir} is a file that cannot be read as a log: {error}"

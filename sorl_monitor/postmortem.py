@@ -120,7 +120,7 @@ def load_configs(
     own = PostmortemConfig.__dataclass_fields__
     known = sorted({*DetectorConfig.__dataclass_fields__, *own})
     for values in (
-        read_toml(toml_path, "detectors") if toml_path is not None else {},
+        _without_log_tables(read_toml(toml_path, "detectors")) if toml_path is not None else {},
         parse_assignments(overrides),
     ):
         unknown = sorted(set(values) - set(known) - set(OLD_NAMES))
@@ -131,6 +131,11 @@ def load_configs(
             settings, {k: v for k, v in values.items() if k in own}, "post-mortem setting"
         )
     return detectors, settings
+
+
+def _without_log_tables(values: dict) -> dict:
+    """A config's top level less the tables the log readers take (``[map]``, ``[logs]``: ``logs.options``)."""
+    return {k: v for k, v in values.items() if k not in ("map", "logs")}
 
 
 COLLAPSE_SQL = """

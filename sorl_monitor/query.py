@@ -48,8 +48,10 @@ import pyarrow.parquet as pq
 from sorl_monitor.logs import (
     ForeignRun,
     LogFormatError,
+    LogOptions,
     LogSource,
     check_format,
+    check_names_found,
     find_logs,
     fingerprint,
     is_run_dir,
@@ -301,10 +303,13 @@ class RunSet:
         user_sql_threads: int | None = None,
         threads: int | None = None,
         storage_options: dict[str, str] | None = None,
+        log_options: LogOptions | None = None,
     ) -> None:
         self._remote = [(os.fspath(p), storage_options) for p in _as_list(paths) if is_remote(p)]
         """Object-store roots, read through a local copy that ``refresh()`` mirrors again (``storage``)."""
         self.roots = [_mirrored(p, storage_options) if is_remote(p) else Path(p) for p in _as_list(paths)]
+        self.log_options = log_options
+        """What the user told the log readers (``--map``, ``--logging-steps``: ``logs.options``)."""
         try:
             self.format = check_format(fmt)
         except LogFormatError as error:
@@ -315,6 +320,10 @@ class RunSet:
         """Runs read from other tools' logs, by run id (held in memory; see module docstring)."""
         self._foreign_changed = False
         self._read_foreign_logs(find_foreign_logs(self.roots, fmt))
+        try:
+            check_names_found(list(self.foreign.values()), log_options)
+        except LogFormatError as error:
+            raise QueryError(str(error)) from None
         if not self.run_dirs and not self.foreign:
             where = ", ".join(str(p) for p in self.roots)
             raise QueryError(
@@ -408,7 +417,7 @@ class RunSet:
             if known is not None and known.stamp == stamp:
                 continue
             try:
-                runs = read_source(source)
+                runs = read_source(source, self.log_options)
             except LogFormatError as error:
                 if known is None:
                     raise QueryError(str(error)) from None
@@ -808,12 +817,14 @@ def open_runs(
     user_sql_threads: int | None = None,
     threads: int | None = None,
     storage_options: dict[str, str] | None = None,
+    log_options: LogOptions | None = None,
 ) -> RunSet:
     """Open runs for querying (see ``RunSet``); ``fmt`` forces a log format (``logs.FORMATS``);
     ``memory_limit`` bounds DuckDB's memory (default ``default_memory_limit()``); ``user_sql_threads``
     gives ``user_sql`` a database of that many threads (default: the run set's own), ``threads`` the run
     set's own (default one per core); a path may be an object-store URI (``s3://bucket/prefix``, read
-    through a local copy; ``storage_options`` as ``storage.filesystem`` takes them)."""
+    through a local copy; ``storage_options`` as ``storage.filesystem`` takes them); ``log_options``: what
+    the user told the log readers (``logs.options``: ``--map``, ``--logging-steps``)."""
     return RunSet(
         paths,
         fmt,
@@ -821,6 +832,7 @@ def open_runs(
         user_sql_threads=user_sql_threads,
         threads=threads,
         storage_options=storage_options,
+        log_options=log_options,
     )
 
 

@@ -161,14 +161,43 @@ PRIME_RL_NAMES: dict[str, str] = {
     "train/agg/effective/num_output_tokens/max": "response_len_max",
 }
 
+# ---------------------------------------------------------------------- hand-written GRPO loops
+# The CS336 (Stanford, spring 2025) assignment-5 GRPO loop as ShibukiZero/assignment5-alignment 1a47cd66 writes
+# it (``cs336_alignment/grpo.py``: ``compute_group_normalized_rewards``, ``compute_grpo_clip_loss``), JSON lines of
+# row kinds (``logs.row_kinds``). Its names are generic, so only the ones no other table logs decide the family.
+GRPO_LOOP_NAMES: dict[str, str] = {
+    **HF_TRAINER_NAMES,
+    "train_reward": "reward_mean",  # mean raw reward of the rollout batch trained on
+    "std_reward": "reward_std",  # torch.std of the batch's raw rewards (Bessel-corrected)
+    "min_reward": "reward_min",
+    "max_reward": "reward_max",
+    "token_entropy": "entropy",  # masked token mean
+    "avg_response_token_length": "response_len_mean",  # generated tokens per response (one turn)
+    "approx_kl": "kl_old",  # to the rollout policy, the loop's own estimator
+    "reference_kl": "kl_ref",
+    # is_clipped = ratio != clamp(ratio, 1−ε_low, 1+ε_high): outside the band whatever the advantage's sign
+    "clip_fraction": "clip_frac",
+}
+
 NAME_TABLES: dict[str, Mapping[str, str]] = {
     "trl": TRL_NAMES,
     "verl": VERL_NAMES,
     "openrlhf": OPENRLHF_NAMES,
     "ragen": RAGEN_NAMES,
     "prime_rl": PRIME_RL_NAMES,
+    "grpo_loop": GRPO_LOOP_NAMES,
 }
 """One name table per trainer family (``"trl"`` covers transformers' ``Trainer`` too)."""
+
+OLDER_NAMES: dict[str, dict[str, str]] = {
+    # verl v0.3–v0.4 (``ray_trainer.fit``, 2025): agg_loss of the old policy's token entropies, the quantity
+    # later logged as actor/entropy; read as the entropy only when a log has no actor/entropy
+    "verl": {"actor/entropy_loss": "entropy"},
+    # TRL before completions/mean_length (``GRPOTrainer``, early 2025): the mean of completion_mask.sum(1)
+    "trl": {"completion_length": "response_len_mean"},
+}
+"""Names a family's older versions logged for a column the newer name now fills: a log read from a file
+fills the column from the older name when the newer one is absent (``logs.read_source``)."""
 
 _VERL_DATA_UNMAPPED = frozenset(
     {
@@ -251,6 +280,21 @@ UNMAPPED: dict[str, frozenset[str]] = {
             "train/critic_grad_norm",
             "train/rollout/num_samples",
             "train/dynamic_filtering_pass_rate",
+        }
+    ),
+    "grpo_loop": frozenset(
+        {
+            "mean_reward",  # = train_reward
+            "answer_accuracy",  # share of correct answers: the reward only when the reward is correctness
+            "format_accuracy",
+            "train_answer_accuracy",
+            "train_format_accuracy",
+            "mean_advantage",
+            "std_advantage",
+            "scaled_loss",  # the loss divided by gradient_accumulation_steps
+            "kl_penalty",
+            "grpo_step",
+            "optimizer_step",
         }
     ),
     "prime_rl": frozenset(

@@ -16,11 +16,24 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sorl_monitor.logs import csvlog, hf, jsonl, mlflow, tensorboard, verl, wandb
+from sorl_monitor.integrations.names import OLDER_NAMES
+from sorl_monitor.logs import csvlog, hf, hf_console, jsonl, mlflow, tensorboard, verl, verl_console, wandb
 from sorl_monitor.logs.detect import detect_file, detect_folder, is_run_dir
+from sorl_monitor.logs.options import LogOptions, apply_names, source_column
 from sorl_monitor.logs.table import ForeignRun, LogFormatError, LogWarning, run_name, unique_ids
 
-FORMATS = ("sorl", "hf", "tensorboard", "wandb", "mlflow", "jsonl", "csv", "verl")
+FORMATS = (
+    "sorl",
+    "hf",
+    "tensorboard",
+    "wandb",
+    "mlflow",
+    "jsonl",
+    "csv",
+    "verl",
+    "verl-console",
+    "hf-console",
+)
 """Format names, as ``--format`` takes them (``sorl``: this project's own Parquet runs)."""
 FOREIGN_FORMATS = FORMATS[1:]
 SEARCH_DEPTH = 4
@@ -34,12 +47,15 @@ READERS: dict[str, Callable[[Path, str], list[ForeignRun]]] = {
     "jsonl": jsonl.read,
     "csv": csvlog.read,
     "verl": verl.read,
+    "verl-console": verl_console.read,
+    "hf-console": hf_console.read,
 }
 
 __all__ = [
     "FORMATS",
     "ForeignRun",
     "LogFormatError",
+    "LogOptions",
     "LogSource",
     "LogWarning",
     "detect_format",
@@ -132,22 +148,47 @@ def _name(path: Path, fmt: str, root: Path | None = None) -> str:
     return run_name(path.stem)
 
 
-def read_source(source: LogSource) -> list[ForeignRun]:
-    """The runs of one log; ``LogFormatError`` (one line) when it cannot be read as its format."""
+def read_source(source: LogSource, options: LogOptions | None = None) -> list[ForeignRun]:
+    """The runs of one log, columns filled from a family's older names (``names.OLDER_NAMES``) and then from
+    ``options.names``; ``LogFormatError`` (one line) when it cannot be read as its format."""
+    options = options or LogOptions()
     try:
-        return READERS[source.format](source.path, source.name)
+        if source.format == "hf-console":
+            runs = hf_console.read(source.path, source.name, logging_steps=options.logging_steps)
+        else:
+            runs = READERS[source.format](source.path, source.name)
     except LogFormatError:
         raise
     except (OSError, ValueError, KeyError) as error:
         raise LogFormatError(f"cannot read {source.path} as {source.format}: {error}") from None
+    for run in runs:
+        older = OLDER_NAMES.get(run.family or "", {})
+        present = set(run.steps.column_names)
+        try:
+            apply_names(run, [(column, name) for name, column in older.items() if column not in present])
+            apply_names(run, options.names)
+        except ValueError as error:
+            raise LogFormatError(f"{source.path}: {error}") from None
+    return runs
 
 
-def read_log(path: str | os.PathLike[str], fmt: str | None = None) -> list[ForeignRun]:
-    """Every run in the log(s) at ``path`` (see ``find_logs``), with unique run ids."""
+def check_names_found(runs: list[ForeignRun], options: LogOptions | None) -> None:
+    """``LogFormatError`` naming a ``--map`` name that none of ``runs`` logged (a typo, most likely)."""
+    for target, name in (options or LogOptions()).names:
+        if runs and not any(source_column(run, name) is not None for run in runs):
+            raise LogFormatError(f"--map {target}={name}: no log read here has a metric named {name!r}")
+
+
+def read_log(
+    path: str | os.PathLike[str], fmt: str | None = None, options: LogOptions | None = None
+) -> list[ForeignRun]:
+    """Every run in the log(s) at ``path`` (see ``find_logs``), with unique run ids; ``options``: what the
+    user told the readers (``logs.options``)."""
     sources = find_logs(path, fmt)
     if not sources:
         raise unknown(Path(path))
-    runs = [run for source in sources for run in read_source(source)]
+    runs = [run for source in sources for run in read_source(source, options)]
+    check_names_found(runs, options)
     unique_ids(runs)
     return runs
 

@@ -7,7 +7,12 @@ Files, in this order:
 - ``hf``: a JSON object with ``log_history``, or a JSON list whose first element is a dict with ``step``;
 - ``verl``: JSON lines whose first line is ``{"step": N, "data": {...}}``;
 - ``jsonl``: JSON lines whose first object has a step column (``table.STEP_COLUMNS``);
-- ``csv``: a CSV whose header has a step column.
+- ``csv``: a CSV whose header has a step column;
+- ``jsonl`` again: JSON lines of row kinds whose first row has no step (a ``config`` row) but a later one does;
+- ``verl-console``: a text file with a line of verl's console metrics (``step:N - name:value - …``) in its
+  first MiB;
+- ``hf-console``: a text file with a line that is a printed ``Trainer`` log dict (``{'loss': …, 'epoch': …}``,
+  alone on its line or after a ``(pid=…)`` prefix) in its first MiB.
 
 Folders: ``sorl`` (a run folder with ``run.json`` or ``<table>/rank=R``, or a folder of them), ``hf`` (an
 output folder with ``trainer_state.json`` or ``checkpoint-*/trainer_state.json``), ``mlflow`` (a store,
@@ -21,7 +26,7 @@ import json
 import struct
 from pathlib import Path
 
-from sorl_monitor.logs import hf, mlflow, tensorboard, wandb
+from sorl_monitor.logs import hf, hf_console, mlflow, row_kinds, tensorboard, verl_console, wandb
 from sorl_monitor.logs.sniff import csv_header, first_json_line, first_list_item, head, text_kind
 from sorl_monitor.logs.table import step_column
 from sorl_monitor.schema import RUN_FILE, TABLES
@@ -53,7 +58,20 @@ def detect_folder(path: Path) -> str | None:
 
 
 def detect_file(path: Path) -> str | None:
-    """The format of a log file, or ``None``."""
+    """The format of a log file, or ``None``: a structured format first, then a captured console."""
+    found = _structured_file_format(path)
+    if found is not None:
+        return found
+    if row_kinds.looks_like(head(path)):
+        return "jsonl"
+    if verl_console.looks_like(path):
+        return "verl-console"
+    if hf_console.looks_like(path):
+        return "hf-console"
+    return None
+
+
+def _structured_file_format(path: Path) -> str | None:
     if tensorboard.MARKER in path.name or _tfrecord_header(path):
         return "tensorboard"
     if path.suffix == wandb.OFFLINE_SUFFIX:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.json as pajson
 
+from sorl_monitor.logs import row_kinds
 from sorl_monitor.logs.sniff import complete_lines
 from sorl_monitor.logs.table import ForeignRun, LogWarning, flat_record, flatten, records_table, wide_run
 
@@ -55,5 +56,9 @@ def _is_object(line: bytes) -> bool:
 
 
 def read(path: Path, name: str, fmt: str = "jsonl") -> list[ForeignRun]:
-    """The run in a JSON-lines file."""
-    return [wide_run(path, fmt, name, read_table(path))]
+    """The run in a JSON-lines file (rows of several kinds: ``row_kinds``)."""
+    table = read_table(path)
+    kinds = row_kinds.kind_column(table)
+    if kinds is not None:
+        return [row_kinds.read_kinds(path, name, table, kinds, fmt)]
+    return [wide_run(path, fmt, name, table)]

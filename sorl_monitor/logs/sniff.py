@@ -61,8 +61,8 @@ def first_list_item(start: bytes) -> Any:
 
 def csv_header(start: bytes) -> list[str]:
     """The cells of a CSV file's first line."""
-    line = start.decode("utf-8-sig", errors="replace").split("\n", 1)[0]
-    return next(csv.reader(io.StringIO(line)), [])
+    lines = start.decode("utf-8-sig", errors="replace").splitlines()  # at \n and \r: a bar's redraws too
+    return next(csv.reader(io.StringIO(lines[0] if lines else "")), [])
 
 
 def complete_lines(path: Path, last_line_complete: Callable[[bytes], bool]) -> bytes:

@@ -27,13 +27,16 @@ STEP_COLUMNS = (
     "global_step",
     "train/global_step",
     "trainer/global_step",
+    "grpo_step",
     "_step",
     "Step",
     "iteration",
     "iter",
+    "optimizer_step",
 )
 """Step columns of flat logs, in the order they are looked for (the first one present is the step).
-``train/global_step`` comes before W&B's own ``_step`` (a counter of ``wandb.log`` calls, not of updates)."""
+``train/global_step`` comes before W&B's own ``_step`` (a counter of ``wandb.log`` calls, not of updates);
+``grpo_step`` (hand-written GRPO loops: the rollout batch's index) before ``optimizer_step``."""
 WALL_TIME_COLUMNS = ("wall_time", "_timestamp", "timestamp")
 """Columns read as the row's wall time (Unix seconds) when numeric, in this order."""
 DROPPED_COLUMNS = frozenset({"_step", "_timestamp", "", "Unnamed: 0"})

@@ -342,7 +342,9 @@ def test_the_verdict_is_computed_over_the_same_run_set_the_views_read(tmp_path, 
         log_updates(mon, 4)
     opened = []
     original = live_module.open_runs
-    monkeypatch.setattr(live_module, "open_runs", lambda *args: opened.append(args) or original(*args))
+    monkeypatch.setattr(
+        live_module, "open_runs", lambda *args, **kwargs: opened.append(args) or original(*args, **kwargs)
+    )
     live = fresh(tmp_path)
 
     assert live.verdict("run").updates == 4

@@ -82,6 +82,14 @@ REALISTIC_KEYS = {
         "train/agg/effective/num_output_tokens/mean", "train/agg/effective/num_output_tokens/max",
         "train/agg/effective/num_turns/mean", "progress/tokens", "progress/rollouts", "off_policy/mean",
     ],
+    # the rollout, train and summary rows of one grpo_step merged (logs.row_kinds), ShibukiZero's metrics.jsonl
+    "grpo_loop": [
+        "grpo_step", "num_questions", "group_size", "num_rollouts", "reward", "format_accuracy", "answer_accuracy",
+        "avg_response_token_length", "rollout_seconds", "mean_reward", "std_reward", "min_reward", "max_reward",
+        "mean_advantage", "std_advantage", "num_groups", "optimizer_step", "loss", "scaled_loss", "grad_norm",
+        "token_entropy", "clip_fraction", "approx_kl", "reference_kl", "kl_penalty", "train_reward",
+        "train_format_accuracy", "train_answer_accuracy", "learning_rate", "loss_type", "step_seconds",
+    ],
 }  # fmt: skip
 
 
