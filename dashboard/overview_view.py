@@ -9,7 +9,9 @@ import streamlit as st
 
 from sorl_monitor.dashboard import common
 from sorl_monitor.dashboard.verdict_line import ALARMING, colored_status, verdict_line
+from sorl_monitor.figures.notes import length_note, log_zero_notes
 from sorl_monitor.figures.overview import OverviewOptions, overview_figure
+from sorl_monitor.figures.panels import logged_panels
 from sorl_monitor.live import LiveRuns, RunInfo
 
 LEGEND = (
@@ -41,12 +43,15 @@ def _overview(live: LiveRuns, run_ids: list[str], options: OverviewOptions) -> N
                 )  # fmt: skip
                 st.caption(LEGEND)
         for run_id in run_ids:
-            head.markdown(status_line(run_id, live.run_info(run_id)))
+            head.markdown(status_line(run_id, live.run_info(run_id), live))
             note = common.run_notes(live, run_id)
             if note:
                 head.info(note)
             else:
                 head.markdown(run_verdict(live, run_id))
+                notes = data_notes(live, run_id, options)
+                if notes:
+                    head.caption("  \n".join(notes))
         with head:
             common.show_skipped_parts(live, run_ids)
 
@@ -59,11 +64,25 @@ def run_verdict(live: LiveRuns, run_id: str) -> str:
     return "↳ " + verdict_line(verdict, live.timeline(run_id).onsets, live.detector_config.smooth_steps)
 
 
-def status_line(run_id: str, info: RunInfo | None) -> str:
+def data_notes(live: LiveRuns, run_id: str, options: OverviewOptions) -> list[str]:
+    """What the run's curves show that the chart would hide: zeros on a log axis, the length across the
+    collapse (``figures.notes``), each only when the data shows it."""
+    steps = live.steps(run_id)
+    panels = logged_panels([steps])
+    log_titles = {
+        p.title for p in panels if (p.log_y if options.log_panels is None else p.title in options.log_panels)
+    }
+    notes = log_zero_notes(steps, panels, log_titles)
+    length = length_note(steps, live.collapse_step(run_id))
+    return [f"{run_id} · {note}" for note in (*notes, *([length] if length else []))]
+
+
+def status_line(run_id: str, info: RunInfo | None, live: LiveRuns | None = None) -> str:
     """``**run** · algorithm · state · step N · reward R · last write S s ago`` (markdown)."""
     if info is None:
         return f"**{run_id}** · gone"
-    parts = [f"**{run_id}**", info.algorithm or "algorithm not logged", info.status]
+    algorithm = info.algorithm if live is None else common.algorithm_words(live, run_id, info.algorithm)
+    parts = [f"**{run_id}**", algorithm or "algorithm not logged", info.status]
     parts.append("no update yet" if info.last_step is None else f"step {info.last_step}")
     if info.last_reward is not None:
         parts.append(f"reward {info.last_reward:.3g}")
@@ -114,7 +133,7 @@ def _sidebar_line(info: RunInfo, status: str | None) -> str:
     """``status · run`` then ``algorithm · state · step N`` in small grey text."""
     mark = colored_status(status) if status else (":red[**collapsed**]" if info.collapse_step else "…")
     detail = " · ".join(
-        [info.algorithm or "algorithm not logged", info.status]
+        [info.algorithm or "algorithm not in the log", info.status]
         + ([f"collapse at {info.collapse_step}"] if info.collapse_step is not None else [])
         + ["no updates yet" if info.last_step is None else f"step {info.last_step}"]
     )

@@ -79,6 +79,12 @@ def _step_ratios(live: LiveRuns, run_id: str, step: int) -> StepRatios:
 def no_turns(live: LiveRuns, run_id: str) -> str:
     if any(p.table == "turns" for p in live.skipped_parts(run_id)):
         return f"Run {run_id}'s turn parts could not be read (listed below), so it shows no turn rows."
+    foreign = common.foreign_log(live, run_id)
+    if foreign:
+        return (
+            f"Run {run_id} has no turn rows: it is {foreign}, one row of metrics per step, without "
+            "per-turn or per-token importance ratios."
+        )
     return NO_TURNS.format(run_id=run_id)
 
 

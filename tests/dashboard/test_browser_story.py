@@ -216,7 +216,7 @@ def test_a_foreign_collapse_is_told_as_its_log_shows_it(nine_b_url, browser):
     verdict = main_text(page)
     screenshot(page, "foreign-9b-alerts")
     page.get_by_role("tab", name="Turns").click()
-    page.get_by_text("no turn rows").first.wait_for(timeout=60_000)
+    page.get_by_text("has no turn rows").first.wait_for(timeout=60_000)
     turns = main_text(page)
     page.close()
 
