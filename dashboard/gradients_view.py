@@ -29,7 +29,11 @@ def _gradients(live: LiveRuns, run_ids: list[str], x_axis: str) -> None:
             axis = XAxis({run_id: live.steps(run_id) for run_id in modules}, x_axis)
             with body:
                 common.chart(
-                    "module-norms", live, list(modules), x_axis, lambda: module_norms_figure(modules, axis)
+                    "module-norms",
+                    live,
+                    list(modules),
+                    x_axis,
+                    lambda: module_norms_figure(modules, axis, events={r: live.timeline(r) for r in modules}),
                 )
 
 

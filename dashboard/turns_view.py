@@ -42,7 +42,13 @@ def _turns(live: LiveRuns, run_ids: list[str], x_axis: str, follow: bool) -> Non
         with body:
             st.markdown("**Turn-level IS ratio** `w̄_k` (mean of the turn's token ratios) by turn and step")
             axis = XAxis({run_id: live.steps(run_id) for run_id in cells}, x_axis)
-            common.chart("turn-heatmap", live, list(cells), x_axis, lambda: turn_heatmap_figure(cells, axis))
+            common.chart(
+                "turn-heatmap",
+                live,
+                list(cells),
+                x_axis,
+                lambda: turn_heatmap_figure(cells, axis, events={r: live.timeline(r) for r in cells}),
+            )
             chosen = _chosen_steps(live, cells, follow)
             st.markdown("**Turn ratios vs token ratios** at one step: the granularity mismatch")
             at = {run_id: _step_ratios(live, run_id, step) for run_id, step in chosen.items()}

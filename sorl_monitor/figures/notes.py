@@ -66,8 +66,7 @@ def length_note(table: pa.Table, collapse_step: int | None) -> str | None:
             if verb != "stayed near its level"
             else f"{was:.0f} tokens"
         )
-        subject = "completions" if column.startswith("completion") else "responses"
-        return f"{name}: {subject} {verb} across the collapse ({span}, before step {collapse_step} vs after)"
+        return f"{name} {verb} across the collapse ({span}, before step {collapse_step} vs after)"
     return None
 
 

@@ -25,6 +25,7 @@ from sorl_monitor.figures.style import (
     CTN_BAND,
     CTN_BAR,
     FONT,
+    SERIES_STYLES,
     SEVERITY_STYLE,
     empty_figure,
     run_color,
@@ -67,8 +68,12 @@ def overview_figure(runs: Sequence[RunCurves], options: OverviewOptions | None =
     drawn: dict[str, list[np.ndarray]] = {panel.title: [] for panel in panels}
     for index, run in enumerate(runs):
         x = axes.values(run.run_id)
+        alarmed = _alarmed_columns(run, panels)
         for row, panel in enumerate(panels, start=1):
-            for position, (column, label) in enumerate(panel.series):
+            ordered = sorted(
+                enumerate(panel.series), key=lambda item: item[1][0] in alarmed
+            )  # alarmed on top
+            for position, (column, label) in ordered:
                 curves = _curve_traces(run, index, x, panel, row, position, column, label, options, len(runs))
                 traces += curves
                 drawn[panel.title] += [np.asarray(t["y"], dtype=np.float64) for t in curves]
@@ -195,8 +200,11 @@ def _curve_traces(
     if not np.isfinite(values).any():
         return []
     several = runs > 1
-    color = run_color(index if several else position)
-    dash = DASHES[position % len(DASHES)] if several else "solid"
+    color, dash = (
+        (run_color(index), DASHES[position % len(DASHES)])
+        if several
+        else SERIES_STYLES[position % len(SERIES_STYLES)]
+    )
     group = f"{panel.title}/{column}"
     common = {
         "type": "scatter", "mode": "lines", "xaxis": _axis_ref("xaxis", row), "yaxis": _axis_ref("yaxis", row),
@@ -214,6 +222,17 @@ def _curve_traces(
     traces.append({**common, "x": xs, "y": ys.astype(np.float32), "showlegend": show_legend,
                    "line": {"color": color, "width": 1.5, "dash": dash}})  # fmt: skip
     return traces
+
+
+def _alarmed_columns(run: RunCurves, panels: Sequence[Panel]) -> set[str]:
+    """The columns whose curves carry a critical onset of the run (drawn last, so on top)."""
+    return {
+        column
+        for onset in run.timeline.onsets
+        if onset["severity"] == "critical"
+        for column in [alert_spot(onset["detector"], panels, run.steps)[1]]
+        if column is not None
+    }
 
 
 def _series_count(panel: Panel, run: RunCurves) -> int:

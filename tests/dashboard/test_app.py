@@ -139,7 +139,7 @@ def test_alert_view_lists_every_runs_logged_alerts_and_ctn_actions_and_each_verd
     for run_id, verdict in verdicts.items():
         assert f"**Verdict: {run_id}**" in text
         assert all(note in text for note in verdict.notes), verdict.notes
-    assert f"**{STABLE}**: the trainer logged no alerts or actions (yet)." in text
+    assert f"**{STABLE}**: the trainer itself logged no alerts or CTN actions (yet)" in text
 
 
 def test_sql_view_runs_a_query_and_offers_its_csv(monkeypatch, ppo_logs):
