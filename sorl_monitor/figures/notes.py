@@ -14,13 +14,15 @@ from sorl_monitor.figures.panels import Panel
 from sorl_monitor.figures.series import column_values
 
 LENGTH_COLUMNS = (("completion_len_mean", "completion length"), ("response_len_mean", "response length"))
+ZERO_SHARE = 0.02
+"""Zeros on a log axis are noted once they are at least 2 % of a series' values (a lone gap is not seen)."""
 LENGTH_CHANGE = 1.2
 """A length counts as risen (fallen) when its mean after the collapse is ≥ 1.2× (≤ 1/1.2×) the one before."""
 
 
 def log_zero_notes(table: pa.Table, panels: Sequence[Panel], log_titles: set[str]) -> list[str]:
     """``grad norm (pre-clip): 24 of 40 values are exactly 0, left as gaps on the log axis`` per series of a
-    log-scale panel holding exact zeros."""
+    log-scale panel with exact zeros in at least ``ZERO_SHARE`` of its values."""
     notes = []
     for panel in panels:
         if panel.title not in log_titles:
@@ -29,7 +31,7 @@ def log_zero_notes(table: pa.Table, panels: Sequence[Panel], log_titles: set[str
             values = column_values(table, column)
             finite = values[np.isfinite(values)]
             zeros = int(np.sum(finite == 0))
-            if zeros:
+            if zeros and zeros >= ZERO_SHARE * len(finite):
                 name = panel.title if len(panel.series) == 1 else f"{panel.title} ({label})"
                 notes.append(
                     f"{name}: {zeros} of {len(finite)} values are exactly 0, left as gaps on the log axis"
@@ -39,8 +41,8 @@ def log_zero_notes(table: pa.Table, panels: Sequence[Panel], log_titles: set[str
 
 def length_note(table: pa.Table, collapse_step: int | None) -> str | None:
     """How the completion (else response) length moved across the collapse: the mean over the steps before
-    it (as many as follow it, at least a quarter of the log) against the mean after it; ``None`` without a
-    collapse, a length, or steps on both sides."""
+    it (as many as follow it, at least a quarter of the log) against the mean after it; ``None`` when it moved
+    less than ``LENGTH_CHANGE``, or without a collapse, a length, or steps on both sides."""
     if collapse_step is None:
         return None
     steps = column_values(table, "step")
@@ -55,18 +57,13 @@ def length_note(table: pa.Table, collapse_step: int | None) -> str | None:
         was, now = float(np.mean(before)), float(np.mean(after))
         if was <= 0:
             continue
-        if now >= LENGTH_CHANGE * was:
-            verb = "rose"
-        elif now <= was / LENGTH_CHANGE:
-            verb = "fell"
-        else:
-            verb = "stayed near its level"
-        span = (
-            f"{was:.0f} → {now:.0f} tokens on average"
-            if verb != "stayed near its level"
-            else f"{was:.0f} tokens"
-        )
-        return f"{name} {verb} across the collapse ({span}, before step {collapse_step} vs after)"
+        if now >= LENGTH_CHANGE * was or now <= was / LENGTH_CHANGE:
+            verb = "rose" if now > was else "fell"
+            return (
+                f"{name} {verb} across the collapse ({was:.0f} → {now:.0f} tokens on average, before step "
+                f"{collapse_step} vs after)"
+            )
+        return None  # it stayed near its level: nothing to say
     return None
 
 

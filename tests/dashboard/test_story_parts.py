@@ -103,6 +103,9 @@ def test_zeros_on_a_log_axis_and_the_length_across_a_collapse_are_said_as_the_da
     rising = _steps(step=[0, 1, 2, 3], completion_len_mean=[100, 100, 300, 320])
     assert "completion length rose" in length_note(rising, 1)
     assert length_note(table, None) is None
+    assert length_note(_steps(step=[0, 1, 2, 3], completion_len_mean=[100, 100, 105, 110]), 1) is None
+    lone = _steps(step=list(range(100)), grad_norm=[0.0] + [0.5] * 99)
+    assert log_zero_notes(lone, OVERVIEW_PANELS, {"grad norm"}) == []  # one gap in 100 is not worth a line
 
 
 def test_a_flat_panel_gets_a_range_that_shows_its_value():
