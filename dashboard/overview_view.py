@@ -114,7 +114,9 @@ def run_status(live: LiveRuns, known: list[str]) -> None:
         infos = live.run_infos()
         if [info.run_id for info in infos] != known:
             st.rerun()
-        statuses = {info.run_id: _known_status(live, info.run_id) for info in infos}
+        first = not st.session_state.get("sidebar-verdicts")  # the first paint is not slowed by post-mortems
+        st.session_state["sidebar-verdicts"] = True
+        statuses = {info.run_id: None if first else _known_status(live, info.run_id) for info in infos}
         ranked = sorted(infos, key=lambda info: urgency(info, statuses[info.run_id]))
         lines = [_sidebar_line(info, statuses[info.run_id]) for info in ranked]
         st.markdown("\n\n".join(lines))
