@@ -118,7 +118,12 @@ def run_status(live: LiveRuns, known: list[str]) -> None:
         st.session_state["sidebar-verdicts"] = True
         statuses = {info.run_id: None if first else _known_status(live, info.run_id) for info in infos}
         ranked = sorted(infos, key=lambda info: urgency(info, statuses[info.run_id]))
-        lines = [_sidebar_line(info, statuses[info.run_id]) for info in ranked]
+        lines = [
+            _sidebar_line(
+                info, statuses[info.run_id], common.algorithm_words(live, info.run_id, info.algorithm)
+            )
+            for info in ranked
+        ]
         st.markdown("\n\n".join(lines))
         st.caption(f"checked {time.strftime('%H:%M:%S')}")
 
@@ -131,11 +136,11 @@ def _known_status(live: LiveRuns, run_id: str) -> str | None:
     return None if verdict is None else verdict.status
 
 
-def _sidebar_line(info: RunInfo, status: str | None) -> str:
+def _sidebar_line(info: RunInfo, status: str | None, algorithm: str) -> str:
     """``status · run`` then ``algorithm · state · step N`` in small grey text."""
     mark = colored_status(status) if status else (":red[**collapsed**]" if info.collapse_step else "…")
     detail = " · ".join(
-        [info.algorithm or "algorithm not in the log", info.status]
+        [algorithm, info.status]
         + ([f"collapse at {info.collapse_step}"] if info.collapse_step is not None else [])
         + ["no updates yet" if info.last_step is None else f"step {info.last_step}"]
     )
