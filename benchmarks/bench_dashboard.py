@@ -2,6 +2,7 @@
 refresh shows a part just written.
 
     python benchmarks/bench_dashboard.py [--turn-rows 1000000] [--repeats 5] [--refreshes 10]
+    python benchmarks/bench_dashboard.py --skip-live-run --bundles cartesian,full [--hogs 2]
 
 ``sorl dashboard`` is started by the real CLI on a free 127.0.0.1 port; each navigation opens a new browser
 context (no cache, no cookies: a viewer's first visit), and the overview counts as drawn once plotly drew
@@ -41,6 +42,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from sorl_monitor import Monitor  # noqa: E402
+from sorl_monitor.dashboard.live_chart import BUNDLE_ENV  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 CHART = ".st-key-overview iframe"
@@ -159,18 +161,24 @@ def measure(label: str, samples: Callable[[], float], repeats: int) -> None:
     print(f"{label:<62} {median(values)}", flush=True)
 
 
-def sample_logs(browser: Browser, scratch: Path, repeats: int) -> None:
-    with dashboard(ROOT / "sample_logs", scratch / "sample.log") as base:
+def sample_logs(browser: Browser, scratch: Path, repeats: int, bundle: str = "cartesian") -> None:
+    """Navigation → drawn overview on ``sample_logs/`` with plotly.js ``bundle`` (``cartesian``, the default
+    since 2026-11-26, or ``full``: plotly's whole bundle, as before)."""
+    os.environ[BUNDLE_ENV] = bundle
+    tag = f"[{bundle} plotly.js]"
+    with dashboard(ROOT / "sample_logs", scratch / f"sample-{bundle}.log") as base:
         first = time_to_overview(browser, f"{base}?runs=token-ppo")
-        print(f"{'sample_logs, first viewer after the server started':<62} {first:.2f} s", flush=True)
+        print(f"{'sample_logs, first viewer after the server started ' + tag:<62} {first:.2f} s", flush=True)
         measure(
-            "sample_logs, one run (token-ppo)",
+            f"sample_logs, one run (token-ppo) {tag}",
             lambda: time_to_overview(browser, f"{base}?runs=token-ppo"),
             repeats,
         )
         every = "&".join(f"runs={r}" for r in ("so-ppo", "token-ppo", "grpo", "ppo-auto-ctn", "so-grpo"))
         measure(
-            "sample_logs, five runs overlaid", lambda: time_to_overview(browser, f"{base}?{every}"), repeats
+            f"sample_logs, five runs overlaid {tag}",
+            lambda: time_to_overview(browser, f"{base}?{every}"),
+            repeats,
         )
 
 
@@ -202,22 +210,44 @@ def live_run(browser: Browser, scratch: Path, turn_rows: int, repeats: int, refr
         mon.close()
 
 
+@contextlib.contextmanager
+def cpu_hogs(count: int) -> Iterator[None]:
+    """``count`` processes spinning on a core each while the block runs (a loaded machine)."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    if count:
+        print(f"{count} CPU hog process{'es' if count > 1 else ''} running", flush=True)
+    try:
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turn-rows", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--refreshes", type=int, default=10)
     parser.add_argument("--skip-sample-logs", action="store_true", help="measure only the 1 M-turn-row run")
+    parser.add_argument("--skip-live-run", action="store_true", help="measure only sample_logs/")
+    parser.add_argument("--bundles", default="cartesian", help="plotly.js bundles to compare: cartesian,full")
+    parser.add_argument("--hogs", type=int, default=0, help="busy processes (one core each) while measuring")
     args = parser.parse_args()
     if not Path(CHROMIUM).exists():
         raise SystemExit(f"needs Chromium at {CHROMIUM} (make browser installs Debian's)")
     torch.set_num_threads(1)
     print(f"load average before: {os.getloadavg()[0]:.1f}", flush=True)
-    with tempfile.TemporaryDirectory(prefix="bench-dashboard-") as scratch, sync_playwright() as playwright:
+    with contextlib.ExitStack() as stack:
+        scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-dashboard-"))
+        playwright = stack.enter_context(sync_playwright())
+        stack.enter_context(cpu_hogs(args.hogs))
         browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
         if not args.skip_sample_logs:
-            sample_logs(browser, Path(scratch), args.repeats)
-        live_run(browser, Path(scratch), args.turn_rows, args.repeats, args.refreshes)
+            for bundle in args.bundles.split(","):
+                sample_logs(browser, Path(scratch), args.repeats, bundle.strip())
+        if not args.skip_live_run:
+            live_run(browser, Path(scratch), args.turn_rows, args.repeats, args.refreshes)
         browser.close()
     print(f"load average after: {os.getloadavg()[0]:.1f}")
 

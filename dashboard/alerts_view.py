@@ -9,6 +9,7 @@ import pyarrow.compute as pc
 import streamlit as st
 
 from sorl_monitor.dashboard import common
+from sorl_monitor.dashboard.verdict_line import escape
 from sorl_monitor.figures.overview import OverviewOptions
 from sorl_monitor.live import LiveRuns
 from sorl_monitor.postmortem import Verdict
@@ -74,13 +75,22 @@ def _logged(live: LiveRuns, run_ids: list[str]) -> None:
         )
     if every.num_rows:
         st.markdown("**All logged rows**, newest first")
-        st.dataframe(every.sort_by([("step", "descending")]), hide_index=True, key="alerts-table")
+        newest = every.sort_by([("step", "descending")]).select(
+            ["message", "run", "step", "kind", "detector", "severity", "value", "threshold"]
+        )
+        st.dataframe(
+            blanks_for_missing(newest), hide_index=True, key="alerts-table",
+            column_config={"message": st.column_config.TextColumn("message", width="large")},
+        )  # fmt: skip
 
 
 def logged_summary(logged: pa.Table) -> str:
     """How many alerts and CTN actions the trainer logged, and whether CTN is on now."""
     if logged.num_rows == 0:
-        return "the trainer logged no alerts or actions (yet)."
+        return (
+            "the trainer itself logged no alerts or CTN actions (yet); the detectors above read its metrics "
+            "here, in the dashboard."
+        )
     kinds = logged.column("kind")
     alerts = pc.sum(pc.equal(kinds, "alert")).as_py() or 0
     actions = logged.filter(pc.equal(kinds, "action"))
@@ -116,10 +126,37 @@ def show_verdict(verdict: Verdict, wide: bool) -> None:
         st.caption(f"Not evaluated (the run logs no input for them): {', '.join(verdict.not_evaluated)}")
     if verdict.top_alerts:
         st.markdown("**Detectors that fired** (most urgent first)")
-        st.dataframe(verdict.top_alerts, hide_index=True, key=f"verdict-alerts-{verdict.run_id}")
+        st.markdown(alerts_markdown(verdict.top_alerts))
     with st.expander("evidence"):
         st.json(verdict.to_dict()["evidence"])
 
 
 def _step(step: int | None) -> str:
     return "—" if step is None else f"step {step}"
+
+
+ALERT_COLUMNS = (
+    ("message", "what it saw"), ("detector", "detector"), ("severity", "severity"), ("first_step", "first"),
+    ("first_critical_step", "first critical"), ("count", "blocks"),
+)  # fmt: skip
+"""The verdict's alert table: the message first (it explains the alert), blanks for missing values."""
+
+
+def alerts_markdown(rows: list[dict]) -> str:
+    """The verdict's ``top_alerts`` as a markdown table that wraps (message first; blank where missing)."""
+    head = "| " + " | ".join(title for _, title in ALERT_COLUMNS) + " |"
+    rule = "|" + "---|" * len(ALERT_COLUMNS)
+    body = ["| " + " | ".join(_cell(row.get(column)) for column, _ in ALERT_COLUMNS) + " |" for row in rows]
+    return "\n".join([head, rule, *body])
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return ""
+    return escape(str(value)).replace("|", "\\|")
+
+
+def blanks_for_missing(table: pa.Table):  # noqa: ANN201 - a pandas DataFrame (pandas is not imported here)
+    """``table`` as a DataFrame whose missing values show as blank cells, not "None"."""
+    frame = table.to_pandas()
+    return frame.astype(object).where(frame.notna(), "")

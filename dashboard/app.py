@@ -9,7 +9,15 @@ from __future__ import annotations
 
 import streamlit as st
 
-from sorl_monitor.dashboard import alerts_view, common, gradients_view, overview_view, sql_view, turns_view
+from sorl_monitor.dashboard import (
+    alerts_view,
+    common,
+    gradients_view,
+    links,
+    overview_view,
+    sql_view,
+    turns_view,
+)
 from sorl_monitor.dashboard.settings import LOG_DIR_ENV
 from sorl_monitor.dashboard.settings import settings as read_settings
 from sorl_monitor.figures.overview import OverviewOptions
@@ -64,34 +72,44 @@ if live.problem or not live.run_ids():
     st.stop()
 
 run_ids = live.run_ids()
-asked = st.session_state.setdefault("asked-runs", st.query_params.get_all("runs"))  # a link's runs, kept
+DEFAULTS = links.Choice(
+    runs=tuple(overview_view.most_urgent(live.run_infos())),
+    view=next(iter(VIEWS)),
+    x_axis="step",
+    smooth_steps=0,
+    log_panels=tuple(p.title for p in OVERVIEW_PANELS if p.log_y),
+    families=FAMILY_ORDER,
+)
+if "asked-runs" not in st.session_state:  # a new session (a link opened, a reload): the URL seeds the widgets
+    link = links.read_link(
+        {name: st.query_params.get_all(name) for name in links.PARAMS}, DEFAULTS, views=list(VIEWS),
+        x_axes=list(X_AXES), smoothing=SMOOTHING, panels=[p.title for p in OVERVIEW_PANELS],
+        families=FAMILY_ORDER,
+    )  # fmt: skip
+    st.session_state.update(
+        {"asked-runs": list(link.runs), "view": link.view, "x-axis": link.x_axis,
+         "smoothing": link.smooth_steps, "log-panels": list(link.log_panels), "families": list(link.families)}
+    )  # fmt: skip
+asked = st.session_state["asked-runs"]  # the link's runs, kept while some are not in the folder yet
 pending = [run_id for run_id in asked if run_id not in run_ids]
 arrived = [run_id for run_id in asked if run_id in run_ids]
-if "runs" in st.session_state and not set(arrived) <= set(st.session_state["runs"]):
+if "runs" not in st.session_state:
+    st.session_state["runs"] = arrived
+elif not set(arrived) <= set(st.session_state["runs"]):
     st.session_state["runs"] = list(dict.fromkeys([*st.session_state["runs"], *arrived]))
 with st.sidebar:
-    selected = st.multiselect(
-        "runs",
-        run_ids,
-        default=None if "runs" in st.session_state else arrived or run_ids[-1:],
-        key="runs",
-        bind="query-params",
-        help="pick several to compare them in every view",
-    )
+    selected = st.multiselect("runs", run_ids, key="runs", help="pick several to compare them in every view")
     with st.expander("chart options", expanded=False):
         options = OverviewOptions(
-            x_axis=st.segmented_control("x axis", list(X_AXES), default="step", key="x-axis") or "step",
+            x_axis=st.segmented_control("x axis", list(X_AXES), key="x-axis") or "step",
             smooth_steps=st.select_slider(
-                "smoothing (steps)", SMOOTHING, value=0, key="smoothing",
+                "smoothing (steps)", SMOOTHING, key="smoothing",
                 format_func=lambda steps: "off" if steps == 0 else str(steps),
                 help="trailing mean over this many steps; the raw curve stays, faint",
             ),
-            log_panels=frozenset(st.multiselect(
-                "log scale", [p.title for p in OVERVIEW_PANELS], key="log-panels",
-                default=[p.title for p in OVERVIEW_PANELS if p.log_y],
-            )),
+            log_panels=frozenset(st.multiselect("log scale", [p.title for p in OVERVIEW_PANELS], key="log-panels")),
             families=frozenset(st.pills(
-                "alert markers", FAMILY_ORDER, selection_mode="multi", default=FAMILY_ORDER, key="families",
+                "alert markers", FAMILY_ORDER, selection_mode="multi", key="families",
                 help="detector families whose alert onsets are drawn",
             )),
         )  # fmt: skip
@@ -103,11 +121,26 @@ if pending:
         f"Not in {settings.log_dir} (yet): {', '.join(pending)}. The page shows "
         f"{'them' if len(pending) > 1 else 'it'} when {'they appear' if len(pending) > 1 else 'it appears'}."
     )
+
+
+def keep_in_link(view: str) -> None:
+    """Write the page's whole choice into the URL (only when it changed)."""
+    choice = links.Choice(
+        tuple(st.session_state["asked-runs"]), view, options.x_axis, options.smooth_steps,
+        tuple(sorted(options.log_panels)), tuple(f for f in FAMILY_ORDER if f in options.families),
+    )  # fmt: skip
+    wanted = links.link_params(choice, DEFAULTS)
+    if {name: st.query_params.get_all(name) for name in links.PARAMS if name in st.query_params} != wanted:
+        st.query_params.from_dict(wanted)
+
+
 if not selected:
+    keep_in_link(st.session_state.get("view") or DEFAULTS.view)
     st.info("Pick one or more runs in the sidebar.")
     st.stop()
 
-tabs = st.tabs(list(VIEWS), key="view", bind="query-params")
+tabs = st.tabs(list(VIEWS), key="view", on_change="rerun")
+keep_in_link(next(name for tab, name in zip(tabs, VIEWS, strict=True) if tab.open))
 for tab, (name, render) in zip(tabs, VIEWS.items(), strict=True):
     with tab:
         if tab.open:

@@ -88,6 +88,25 @@ def _figure_json(
     return _build().to_json()
 
 
+def foreign_log(live: LiveRuns, run_id: str) -> str | None:
+    """``a trl log (rho.json)`` for a run read from another tool's log (``None`` for a sorl-monitor run)."""
+    run = None if live.run_set is None else live.run_set.foreign.get(run_id)
+    if run is None:
+        return None
+    family = f"{run.family} " if run.family else ""
+    return f"a {family}log (`{Path(run.source).name}`, format {run.format})"
+
+
+def algorithm_words(live: LiveRuns, run_id: str, algorithm: str | None) -> str:
+    """The run's algorithm; else the trainer family its log's names show; else that the log does not say."""
+    if algorithm:
+        return algorithm
+    run = None if live.run_set is None else live.run_set.foreign.get(run_id)
+    if run is not None and run.family:
+        return f"{run.family} trainer (algorithm not in the log)"
+    return "algorithm not logged"
+
+
 def run_notes(live: LiveRuns, run_id: str, table: str | None = None) -> str | None:
     """Why ``run_id`` has nothing to draw yet (``None`` when it has steps), naming unreadable parts."""
     info = live.run_info(run_id)

@@ -29,11 +29,21 @@ def _gradients(live: LiveRuns, run_ids: list[str], x_axis: str) -> None:
             axis = XAxis({run_id: live.steps(run_id) for run_id in modules}, x_axis)
             with body:
                 common.chart(
-                    "module-norms", live, list(modules), x_axis, lambda: module_norms_figure(modules, axis)
+                    "module-norms",
+                    live,
+                    list(modules),
+                    x_axis,
+                    lambda: module_norms_figure(modules, axis, events={r: live.timeline(r) for r in modules}),
                 )
 
 
 def no_modules(live: LiveRuns, run_id: str) -> str:
     if any(p.table == "modules" for p in live.skipped_parts(run_id)):
         return f"Run {run_id}'s module parts could not be read (listed below)."
+    foreign = common.foreign_log(live, run_id)
+    if foreign:
+        return (
+            f"Run {run_id} logged no per-module grad norms: it is {foreign}, with one total grad norm "
+            "per step (on the Overview)."
+        )
     return f"Run {run_id} logged no per-module grad norms (call `Monitor.watch(model)` to get them)."

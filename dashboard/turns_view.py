@@ -42,7 +42,13 @@ def _turns(live: LiveRuns, run_ids: list[str], x_axis: str, follow: bool) -> Non
         with body:
             st.markdown("**Turn-level IS ratio** `w̄_k` (mean of the turn's token ratios) by turn and step")
             axis = XAxis({run_id: live.steps(run_id) for run_id in cells}, x_axis)
-            common.chart("turn-heatmap", live, list(cells), x_axis, lambda: turn_heatmap_figure(cells, axis))
+            common.chart(
+                "turn-heatmap",
+                live,
+                list(cells),
+                x_axis,
+                lambda: turn_heatmap_figure(cells, axis, events={r: live.timeline(r) for r in cells}),
+            )
             chosen = _chosen_steps(live, cells, follow)
             st.markdown("**Turn ratios vs token ratios** at one step: the granularity mismatch")
             at = {run_id: _step_ratios(live, run_id, step) for run_id, step in chosen.items()}
@@ -79,6 +85,12 @@ def _step_ratios(live: LiveRuns, run_id: str, step: int) -> StepRatios:
 def no_turns(live: LiveRuns, run_id: str) -> str:
     if any(p.table == "turns" for p in live.skipped_parts(run_id)):
         return f"Run {run_id}'s turn parts could not be read (listed below), so it shows no turn rows."
+    foreign = common.foreign_log(live, run_id)
+    if foreign:
+        return (
+            f"Run {run_id} has no turn rows: it is {foreign}, one row of metrics per step, without "
+            "per-turn or per-token importance ratios."
+        )
     return NO_TURNS.format(run_id=run_id)
 
 

@@ -285,7 +285,8 @@ class Detector:
     ``value`` may use the ``SIGNALS`` (per step), their smoothed ``SERIES`` (``<signal>_s``), the
     window ``history``, and ``$``-parameters named after ``DetectorConfig`` fields; it is NULL where the
     detector does not apply. An alert is raised where ``value > $<name>_warning`` (critical above
-    ``$<name>_critical``); ``message`` is a ``printf`` format taking the value and the threshold.
+    ``$<name>_critical``); ``message`` is a ``printf`` format taking the value and the threshold (and, as
+    ``%3$`` and ``%4$``, both × 100, for fractions printed as percentages).
     ``family`` groups detectors by what went wrong (the post-mortem reasons about families).
     """
 
@@ -359,7 +360,7 @@ DETECTORS: tuple[Detector, ...] = (
         "entropy_collapse", "entropy",
         "Entropy drop: 1 − entropy ÷ its high level over the history.",
         ("token_entropy",), _peak_fraction("token_entropy_s"),
-        "entropy fell by %.3g of its high level (threshold %.3g)",
+        "entropy fell by %3$.0f %% of its high level (threshold %4$.0f %%)",
     ),
     Detector(
         "grad_norm_spike", "gradient",
@@ -380,14 +381,14 @@ DETECTORS: tuple[Detector, ...] = (
         f"""CASE WHEN {KNOWN}
                  AND zero_std_s - min(zero_std_s) OVER history >= $echo_trap_rise
                  AND {BELOW_PEAK} THEN zero_std_s END""",
-        "%.3g of reward groups have zero reward std (threshold %.3g)",
+        "%3$.0f %% of reward groups have zero reward std (threshold %4$.0f %%)",
     ),
     Detector(
         "reward_std_collapse", "reward_variance",
         "Reward std drop: 1 − σ̄ ÷ its high level, while the reward is below echo_below_peak × its running peak.",
         ("reward_spread", "reward"),
         f"CASE WHEN {BELOW_PEAK} THEN {_peak_fraction('reward_spread_s')} END",
-        "reward std fell by %.3g of its high level (threshold %.3g)",
+        "reward std fell by %3$.0f %% of its high level (threshold %4$.0f %%)",
     ),
     Detector(
         "length_rise", "length",
@@ -407,7 +408,7 @@ DETECTORS: tuple[Detector, ...] = (
         ("reward",),
         f"""CASE WHEN {KNOWN} AND max(reward_s) OVER history > 0
                 THEN 1 - reward_s / max(reward_s) OVER history END""",
-        "reward moving average fell by %.3g of its running peak (threshold %.3g)",
+        "reward moving average fell by %3$.0f %% of its running peak (threshold %4$.0f %%)",
     ),
     Detector(
         "nonfinite", "blowup",
@@ -445,7 +446,7 @@ fired AS (
     JOIN (VALUES {thresholds}) AS limits(detector, warning, critical, message) USING (detector)
     WHERE value > warning AND NOT isnan(value) AND step > $after_step
 )
-SELECT run_id, step, detector, severity, value, threshold, printf(message, value, threshold) AS message
+SELECT run_id, step, detector, severity, value, threshold, printf(message, value, threshold, 100 * value, 100 * threshold) AS message
 FROM fired
 QUALIFY row_number() OVER (PARTITION BY run_id, step, detector
                            ORDER BY severity = 'critical' DESC, value DESC) = 1

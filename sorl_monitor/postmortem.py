@@ -282,8 +282,8 @@ CAUSES: dict[str, tuple[str, str]] = {
         "bonus), and lower the learning rate; CTN limits the damage meanwhile.",
     ),
     "entropy_blowup": (
-        "entropy blow-up: the policy's entropy exploded before any ratio or KL alert and the generations "
-        "degenerated (longer completions, more of them cut at the length limit)",
+        "entropy blow-up: the policy's entropy exploded before any ratio or KL alert (the note on "
+        "completion lengths says whether the generations degenerated)",
         "Lower the learning rate, keep a KL penalty to the reference policy (or raise it), lower the "
         "sampling temperature, and resume from a checkpoint before the entropy rose.",
     ),
@@ -552,6 +552,8 @@ def _degeneration(evidence: dict[str, Any], config: PostmortemConfig) -> str:
     seen = []
     if _at_least(growth, config.degenerate_length_rise):
         seen.append(f"completions grew to {growth:.2g}× their early length")
+    elif growth is not None and 0 < growth <= 1 / config.degenerate_length_rise:
+        seen.append(f"completions shrank to {growth:.2g}× their early length")
     if _at_least(truncated, config.degenerate_truncation):
         seen.append(f"up to {truncated:.0%} of them hit the length limit")
     return (

@@ -127,8 +127,12 @@ def build_report(
             verdict = postmortem(runs, run_id, config, postmortem_config)
             body.append(f"<section><h2>run {html.escape(run_id)}</h2>{verdict_html(verdict)}")
             add("curves and alert onsets", overview_figure([live.curves(run_id)], OPTIONS))
-            add("turn ratio w̄_k by turn and step", turn_heatmap_figure({run_id: live.turn_cells(run_id)}))
-            add("grad norm per module", module_norms_figure({run_id: live.modules(run_id)}))
+            events = {run_id: live.timeline(run_id)}
+            add(
+                "turn ratio w̄_k by turn and step",
+                turn_heatmap_figure({run_id: live.turn_cells(run_id)}, events=events),
+            )
+            add("grad norm per module", module_norms_figure({run_id: live.modules(run_id)}, events=events))
             body.append("</section>")
     finally:
         live.close()

@@ -52,7 +52,8 @@ def alert_onsets(
     alerts: Iterable[dict[str, Any]], steps: Sequence[int], block_steps: int = 1
 ) -> list[dict[str, Any]]:
     """The onsets (``notify.OnsetFilter``) of ``alerts``, rows with ``step, detector, severity`` (and
-    ``message``), each with its ``family``.
+    ``message``), each with its ``family``, the ``count`` of alerts from it to the end of its streak (or to
+    the detector's next onset, an escalation) and the streak's ``last`` step.
 
     A streak runs over consecutive logged blocks of ``block_steps`` steps (``steps``: the run's logged steps):
     the filter sees each alert at its block's position among them, with a gap of one (a block nothing was
@@ -60,13 +61,25 @@ def alert_onsets(
     """
     blocks = sorted({step // block_steps for step in steps})
     streaks = OnsetFilter(gap_steps=1)
-    return [
-        {**row, "family": family_of(row["detector"])}
-        for row in sorted(alerts, key=lambda r: (r["step"], r["detector"]))
-        if streaks.is_onset(
-            row["detector"], bisect.bisect_left(blocks, row["step"] // block_steps), row["severity"]
-        )
-    ]
+    onsets: list[dict[str, Any]] = []
+    current: dict[str, dict[str, Any]] = {}
+    started: dict[str, list[dict[str, Any]]] = {}
+    for row in sorted(alerts, key=lambda r: (r["step"], r["detector"])):
+        detector = row["detector"]
+        position = bisect.bisect_left(blocks, row["step"] // block_steps)
+        fresh = detector not in current or position - current[detector]["position"] > 1
+        if streaks.is_onset(detector, position, row["severity"]):
+            onset = {**row, "family": family_of(detector), "count": 0, "last": row["step"]}
+            onsets.append(onset)
+            if fresh:
+                started[detector] = []
+            started[detector].append(onset)
+            current[detector] = {"onset": onset, "position": position}
+        current[detector]["position"] = position
+        current[detector]["onset"]["count"] += 1
+        for onset in started[detector]:
+            onset["last"] = row["step"]
+    return onsets
 
 
 def ctn_spans(

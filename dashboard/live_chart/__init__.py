@@ -4,8 +4,8 @@
 new chart and the zoom resets. This component keeps one chart per key and hands it each new figure;
 its page (``index.html``) calls ``Plotly.react``, which keeps what the viewer changed while the
 figure's ``uirevision`` stays the same. Streamlit serves a component's folder as it is, so the folder
-served holds a copy of ``index.html`` beside the plotly.js that ships with plotly (it works offline), in
-the user's cache folder, named after both so every server reuses it.
+served holds a copy of ``index.html`` beside plotly.js (``_PLOTLY_JS``; it works offline), in the user's
+cache folder, named after both so every server reuses it.
 """
 
 from __future__ import annotations
@@ -20,11 +20,19 @@ import plotly
 import streamlit.components.v1 as components
 
 _PAGE = Path(__file__).with_name("index.html")
-_PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+BUNDLE_ENV = "SORL_DASHBOARD_PLOTLY_BUNDLE"
+"""``full`` serves plotly's whole plotly.js (4.8 MB) instead of the cartesian bundle (for benchmarks)."""
+_CARTESIAN_JS = Path(__file__).with_name("plotly-cartesian.min.js")
+_FULL_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+_PLOTLY_JS = _FULL_JS if os.environ.get(BUNDLE_ENV) == "full" or not _CARTESIAN_JS.exists() else _CARTESIAN_JS
+"""plotly.js as the chart's page loads it: the cartesian bundle shipped here (plotly.js-cartesian-dist-min
+4.1.1, MIT, ``LICENSE-plotly.txt``: scatter, heatmap, box, … — every trace the figures draw; 1.5 MB, so a
+first visit parses a third of the full bundle), else the full one that ships with plotly."""
 
 
 def _served_folder() -> str:
-    digest = hashlib.sha256(_PAGE.read_bytes() + plotly.__version__.encode()).hexdigest()[:12]
+    digest = hashlib.sha256(_PAGE.read_bytes() + _PLOTLY_JS.name.encode() + plotly.__version__.encode())
+    digest = digest.hexdigest()[:12]
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sorl-monitor"
     folder = cache / f"live-chart-{digest}"
     if (folder / "plotly.min.js").exists():

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 
+from sorl_monitor.figures.notes import flat_range, flat_value
 from sorl_monitor.figures.panels import Panel, alert_spot, logged_panels
 from sorl_monitor.figures.series import XAxis, column_values, downsample, log_axis, smooth
 from sorl_monitor.figures.style import (
@@ -24,6 +25,7 @@ from sorl_monitor.figures.style import (
     CTN_BAND,
     CTN_BAR,
     FONT,
+    SERIES_STYLES,
     SEVERITY_STYLE,
     empty_figure,
     run_color,
@@ -33,6 +35,8 @@ from sorl_monitor.timeline import FAMILY_ORDER, RunCurves
 DASHES = ("solid", "dash", "dot", "dashdot", "longdash")
 """Line style of a panel's 1st, 2nd, … series when several runs are overlaid (the colour tells the run)."""
 LANE_ROW_PX, TITLE_PX = 15, 18
+LANE_MARKS = 25
+"""At most about this many marks per lane row: onsets closer than 1/25 of the run's steps share a mark."""
 
 
 @dataclass(frozen=True)
@@ -64,18 +68,26 @@ def overview_figure(runs: Sequence[RunCurves], options: OverviewOptions | None =
     drawn: dict[str, list[np.ndarray]] = {panel.title: [] for panel in panels}
     for index, run in enumerate(runs):
         x = axes.values(run.run_id)
+        alarmed = _alarmed_columns(run, panels)
         for row, panel in enumerate(panels, start=1):
-            for position, (column, label) in enumerate(panel.series):
+            ordered = sorted(
+                enumerate(panel.series), key=lambda item: item[1][0] in alarmed
+            )  # alarmed on top
+            for position, (column, label) in ordered:
                 curves = _curve_traces(run, index, x, panel, row, position, column, label, options, len(runs))
                 traces += curves
                 drawn[panel.title] += [np.asarray(t["y"], dtype=np.float64) for t in curves]
         traces += _marker_traces(run, x, panels, options)
         traces += _lane_traces(run, axes, options, len(panels) + 1, several=len(runs) > 1)
-        shapes += _collapse_and_ctn(run, axes, len(runs), annotations)
+        shapes += _collapse_and_ctn(run, axes, len(runs), annotations, index)
     traces += _legend_samples(runs, panels, options)
     for row, panel in enumerate(panels, start=1):
+        flat = flat_value(drawn[panel.title])
         if _is_log(panel, options):
             layout[_axis_name("yaxis", row)].update(log_axis(drawn[panel.title]))
+        elif flat is not None:
+            layout[_axis_name("yaxis", row)].update(range=flat_range(flat))
+            annotations[row - 1]["text"] += f" · every value {flat:g}"
     layout.update(shapes=shapes, annotations=annotations)
     return go.Figure(data=traces, layout=layout)
 
@@ -188,8 +200,11 @@ def _curve_traces(
     if not np.isfinite(values).any():
         return []
     several = runs > 1
-    color = run_color(index if several else position)
-    dash = DASHES[position % len(DASHES)] if several else "solid"
+    color, dash = (
+        (run_color(index), DASHES[position % len(DASHES)])
+        if several
+        else SERIES_STYLES[position % len(SERIES_STYLES)]
+    )
     group = f"{panel.title}/{column}"
     common = {
         "type": "scatter", "mode": "lines", "xaxis": _axis_ref("xaxis", row), "yaxis": _axis_ref("yaxis", row),
@@ -207,6 +222,17 @@ def _curve_traces(
     traces.append({**common, "x": xs, "y": ys.astype(np.float32), "showlegend": show_legend,
                    "line": {"color": color, "width": 1.5, "dash": dash}})  # fmt: skip
     return traces
+
+
+def _alarmed_columns(run: RunCurves, panels: Sequence[Panel]) -> set[str]:
+    """The columns whose curves carry a critical onset of the run (drawn last, so on top)."""
+    return {
+        column
+        for onset in run.timeline.onsets
+        if onset["severity"] == "critical"
+        for column in [alert_spot(onset["detector"], panels, run.steps)[1]]
+        if column is not None
+    }
 
 
 def _series_count(panel: Panel, run: RunCurves) -> int:
@@ -253,12 +279,17 @@ def _lane_traces(
     for onset in run.timeline.onsets:
         if options.families is None or onset["family"] in options.families:
             by_family.setdefault(onset["family"], []).append(onset)
+    steps = column_values(run.steps, "step")
+    merge_gap = (float(steps[-1] - steps[0]) / LANE_MARKS) if len(steps) else 0.0
     for family, onsets in by_family.items():
+        marks = lane_marks(onsets, merge_gap)
         traces.append(
-            {"type": "scatter", "mode": "markers", **refs, "legendgroup": f"alerts/{family}",
-             "showlegend": False, "name": family, "x": axes.at(run.run_id, [o["step"] for o in onsets]),
-             "y": [prefix + family] * len(onsets), "text": [_hover(run, o) for o in onsets],
-             "hovertemplate": "%{text}<extra></extra>", "marker": _marker_style(onsets, size=9)}
+            {"type": "scatter", "mode": "markers+text", **refs, "legendgroup": f"alerts/{family}",
+             "showlegend": False, "name": family, "x": axes.at(run.run_id, [m["step"] for m in marks]),
+             "y": [prefix + family] * len(marks), "hovertext": [_lane_hover(run, m) for m in marks],
+             "text": [f"×{m['count']}" if m["count"] > 1 else "" for m in marks], "textposition": "middle right",
+             "textfont": {"size": 9, "color": "#4b5563"}, "hovertemplate": "%{hovertext}<extra></extra>",
+             "marker": _marker_style(marks, size=9), "cliponaxis": False}
         )  # fmt: skip
     if run.timeline.ctn_spans:
         xs: list[float | None] = []
@@ -272,8 +303,37 @@ def _lane_traces(
     return traces
 
 
+def lane_marks(onsets: Sequence[dict[str, Any]], merge_gap: float) -> list[dict[str, Any]]:
+    """One family's lane marks: its onsets by step, an onset of the same severity starting within
+    ``merge_gap`` steps of the previous mark's streak's end joins that mark (``count`` alerts in all,
+    ``detectors`` named, ``last`` step)."""
+    marks: list[dict[str, Any]] = []
+    for onset in sorted(onsets, key=lambda o: o["step"]):
+        count, last = onset.get("count", 1), onset.get("last", onset["step"])
+        previous = marks[-1] if marks else None
+        if (
+            previous
+            and previous["severity"] == onset["severity"]
+            and onset["step"] - previous["last"] <= merge_gap
+        ):
+            previous["count"] += count
+            previous["last"] = max(previous["last"], last)
+            previous["detectors"] = list(dict.fromkeys([*previous["detectors"], onset["detector"]]))
+        else:
+            marks.append({**onset, "count": count, "last": last, "detectors": [onset["detector"]]})
+    return marks
+
+
+def _lane_hover(run: RunCurves, mark: dict[str, Any]) -> str:
+    span = f"steps {mark['step']}–{mark['last']}" if mark["last"] > mark["step"] else f"step {mark['step']}"
+    return (
+        f"{run.run_id} · {span} · {mark['count']} alert{'s' if mark['count'] > 1 else ''}<br>"
+        f"{', '.join(mark['detectors'])} ({mark['severity']}), first: {mark.get('message') or ''}"
+    )
+
+
 def _collapse_and_ctn(
-    run: RunCurves, axes: XAxis, runs: int, annotations: list[dict[str, Any]]
+    run: RunCurves, axes: XAxis, runs: int, annotations: list[dict[str, Any]], index: int = 0
 ) -> list[dict[str, Any]]:
     """The run's collapse line (labelled with its name) and, for a lone run, CTN-on bands over every panel."""
     shapes: list[dict[str, Any]] = []
@@ -288,10 +348,11 @@ def _collapse_and_ctn(
         at = float(axes.at(run.run_id, [step])[0])
         shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": at, "x1": at, "y0": 0, "y1": 1,
                        "line": {"color": COLLAPSE_COLOR, "dash": "dash", "width": 1.5}})  # fmt: skip
-        label = "collapse" if runs == 1 else f"collapse · {run.run_id}"
+        label = f"collapse at {step}" if runs == 1 else f"collapse · {run.run_id} · {step}"
         annotations.append(
-            {"text": label, "x": at, "xref": "x", "y": 0, "yref": "paper", "yanchor": "bottom", "xanchor": "left",
-             "showarrow": False, "font": {"size": 10, "color": COLLAPSE_COLOR}, "bgcolor": "rgba(255,255,255,0.7)"}
+            {"text": label, "x": at, "xref": "x", "y": 1, "yref": "paper", "yanchor": "top", "xanchor": "left",
+             "yshift": -14 * index, "showarrow": False, "font": {"size": 10, "color": COLLAPSE_COLOR},
+             "bgcolor": "rgba(255,255,255,0.8)"}
         )  # fmt: skip
     return shapes
 

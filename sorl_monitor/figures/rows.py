@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sorl_monitor.figures.style import FONT
+from sorl_monitor.figures.style import COLLAPSE_COLOR, CTN_BAND, FONT
 
 
 def axis_refs(row: int) -> dict[str, str]:
@@ -49,3 +49,41 @@ def run_rows_layout(
              "xanchor": "left", "yanchor": "bottom", "showarrow": False}
         )  # fmt: skip
     return layout
+
+
+def event_marks(
+    row: int, collapse_step: float | None, ctn_spans: Sequence[tuple[float, float]]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Shapes and labels of one run's row: its collapse as a dashed line labelled at the row's top, its CTN-on
+    spans shaded green (positions already on the figure's x axis)."""
+    suffix = "" if row == 1 else str(row)
+    refs = {"xref": f"x{suffix}", "yref": f"y{suffix} domain"}
+    shapes = [
+        {"type": "rect", **refs, "x0": a, "x1": b, "y0": 0, "y1": 1, "fillcolor": CTN_BAND,
+         "line": {"width": 0}, "layer": "below"}
+        for a, b in ctn_spans
+    ]  # fmt: skip
+    labels = []
+    if collapse_step is not None:
+        shapes.append({"type": "line", **refs, "x0": collapse_step, "x1": collapse_step, "y0": 0, "y1": 1,
+                       "line": {"color": COLLAPSE_COLOR, "dash": "dash", "width": 1.5}})  # fmt: skip
+        labels.append(
+            {"text": "collapse", "x": collapse_step, "y": 1, **refs, "xanchor": "left", "yanchor": "top",
+             "showarrow": False, "font": {"size": 10, "color": COLLAPSE_COLOR}, "bgcolor": "rgba(255,255,255,0.8)"}
+        )  # fmt: skip
+    return shapes, labels
+
+
+def run_events(
+    row: int, run_id: str, timeline: Any, axis: Any = None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``event_marks`` of a run's ``timeline.Timeline`` (``None``: nothing), its steps mapped by ``axis``
+    (a ``series.XAxis``; steps when ``None``)."""
+    if timeline is None:
+        return [], []
+
+    def at(steps: Sequence[float]) -> list[float]:
+        return list(steps) if axis is None else [float(x) for x in axis.at(run_id, list(steps))]
+
+    collapse = None if timeline.collapse_step is None else at([timeline.collapse_step])[0]
+    return event_marks(row, collapse, [tuple(at(span)) for span in timeline.ctn_spans])

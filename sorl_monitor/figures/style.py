@@ -10,6 +10,20 @@ import plotly.graph_objects as go
 
 RUN_COLORS = ("#1f77b4", "#a21caf", "#0f766e", "#111827", "#0891b2", "#4338ca", "#64748b", "#7c3aed")
 """One per run (several runs) or per series of a panel (one run), cycled."""
+SERIES_STYLES = (
+    ("#1f77b4", "solid"),
+    ("#7c3aed", "dot"),
+    ("#111827", "solid"),
+    ("#0891b2", "dash"),
+    ("#a21caf", "dashdot"),
+)
+"""Colour and line style of a panel's 1st, 2nd, … series when one run is drawn: no two alike in both."""
+MODULE_COLORS = (
+    "#1f77b4", "#7c3aed", "#0891b2", "#111827", "#a21caf", "#4338ca", "#64748b", "#0e7490", "#6d28d9",
+    "#1e3a8a", "#9333ea", "#334155",
+)  # fmt: skip
+"""Per-module colours: blues, purples, cyans, greys; never the red and amber of the alerts nor CTN's green."""
+MODULE_DASHES = ("solid", "dash", "dot", "dashdot")
 SEVERITY_STYLE = {
     "info": ("#6b7280", "circle-open"),
     "warning": ("#f59e0b", "triangle-up"),
@@ -35,3 +49,11 @@ def empty_figure(message: str) -> go.Figure:
     figure.add_annotation(text=message, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5)
     figure.update_layout(height=160, xaxis={"visible": False}, yaxis={"visible": False})
     return figure
+
+
+def module_style(index: int) -> dict[str, str]:
+    """Line colour and dash of the ``index``-th module: ``MODULE_COLORS`` first solid, then dashed, …"""
+    return {
+        "color": MODULE_COLORS[index % len(MODULE_COLORS)],
+        "dash": MODULE_DASHES[(index // len(MODULE_COLORS)) % len(MODULE_DASHES)],
+    }

@@ -11,9 +11,10 @@ import numpy as np
 import plotly.graph_objects as go
 import pyarrow as pa
 
-from sorl_monitor.figures.rows import axis_refs, run_rows_layout
+from sorl_monitor.figures.rows import axis_refs, run_events, run_rows_layout
 from sorl_monitor.figures.series import XAxis, column_values
 from sorl_monitor.figures.style import FONT, MISSING_CELL, empty_figure, run_color
+from sorl_monitor.timeline import Timeline
 
 RATIO_SUMMARY = ("ratio_min", "ratio_p01", "ratio_mean", "ratio_p99", "ratio_max")
 """The step's token-ratio summary drawn beside the turn ratios (``steps`` columns)."""
@@ -45,13 +46,17 @@ def turn_ratio_grid(cells: pa.Table, max_columns: int = 400) -> tuple[np.ndarray
 
 
 def turn_heatmap_figure(
-    cells: Mapping[str, pa.Table], axis: XAxis | None = None, max_columns: int = 400
+    cells: Mapping[str, pa.Table],
+    axis: XAxis | None = None,
+    max_columns: int = 400,
+    events: Mapping[str, Timeline] | None = None,
 ) -> go.Figure:
     """Turn index × step of ``w̄_k`` per run (``cells``: each run's turn cells), one row per run on one x axis.
 
     Colour: log₂ w̄, white at 1, red above, blue below; grey: no turn logged there. Long runs keep, per
     bucket of steps, the cell furthest from 1, so one bad step stays visible. ``axis`` maps steps to the
-    chosen x axis (steps when ``None``).
+    chosen x axis (steps when ``None``); ``events``: each run's timeline, whose collapse and CTN spans are
+    marked on its row.
     """
     grids = {run_id: turn_ratio_grid(table, max_columns) for run_id, table in cells.items()}
     grids = {run_id: grid for run_id, grid in grids.items() if len(grid[0])}
@@ -77,6 +82,9 @@ def turn_heatmap_figure(
              "colorbar": {"title": {"text": "w̄"}, "tickvals": ticks, "ticktext": [f"{2**t:.3g}" for t in ticks],
                           "len": min(1.0, 260 / (layout["height"] - 70)), "y": 1, "yanchor": "top"}}
         )  # fmt: skip
+        marks, labels = run_events(row, run_id, (events or {}).get(run_id), axis)
+        layout.setdefault("shapes", []).extend(marks)
+        layout["annotations"] += labels
     return go.Figure(data=traces, layout=layout)
 
 

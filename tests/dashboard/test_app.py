@@ -75,9 +75,11 @@ def test_overview_options_change_the_x_axis_smoothing_log_scale_and_alert_famili
 
 def test_sidebar_lists_every_run_with_algorithm_status_and_last_step(monkeypatch, ppo_logs):
     app = open_app(monkeypatch, ppo_logs)
-    sidebar = "\n".join(str(element.value) for element in app.sidebar.get("caption"))
+    sidebar = "\n".join(str(element.value) for element in app.sidebar.get("markdown"))
     for run_id in BOTH:
-        assert f"{run_id} · ppo · finished · step {last_step(ppo_logs, run_id)}" in sidebar
+        assert re.search(
+            rf"\*\*{run_id}\*\*  \n:gray\[ppo · finished · step {last_step(ppo_logs, run_id)}\]", sidebar
+        )
 
 
 def test_a_link_to_a_run_not_there_yet_says_so_and_keeps_the_run_asked_for(monkeypatch, tmp_path):
@@ -137,7 +139,7 @@ def test_alert_view_lists_every_runs_logged_alerts_and_ctn_actions_and_each_verd
     for run_id, verdict in verdicts.items():
         assert f"**Verdict: {run_id}**" in text
         assert all(note in text for note in verdict.notes), verdict.notes
-    assert f"**{STABLE}**: the trainer logged no alerts or actions (yet)." in text
+    assert f"**{STABLE}**: the trainer itself logged no alerts or CTN actions (yet)" in text
 
 
 def test_sql_view_runs_a_query_and_offers_its_csv(monkeypatch, ppo_logs):

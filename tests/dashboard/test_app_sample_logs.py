@@ -39,7 +39,7 @@ def test_a_collapsed_sample_run_shows_its_collapse_and_root_cause(monkeypatch):
     run_id, step = next(iter(collapsed.items()))
     overview = open_app(monkeypatch, SAMPLE_LOGS, runs=[run_id])
     assert f"collapsed at step {step}" in page_text(overview)
-    assert "collapse" in [a["text"] for a in charts(overview)["overview"]["layout"]["annotations"]]
+    assert f"collapse at {step}" in [a["text"] for a in charts(overview)["overview"]["layout"]["annotations"]]
     alerts = wait_for_verdicts(open_app(monkeypatch, SAMPLE_LOGS, view="Alerts & verdict", runs=[run_id]))
     assert "[**Root cause:" in page_text(alerts)
     assert alerts.metric[0].value == f"step {step}"

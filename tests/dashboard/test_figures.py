@@ -81,7 +81,7 @@ def test_an_onset_is_marked_on_its_detectors_panel_and_in_its_familys_row_of_the
     steps = steps_table(kl_old_k3=np.linspace(0.01, 0.2, 50))
     figure = overview_figure([RunCurves("a", steps, Timeline([onset(30, "kl_rise", "critical")]))])
 
-    marks = [t for t in figure.data if t.mode == "markers" and t.x and t.x[0] is not None]
+    marks = [t for t in figure.data if t.mode in ("markers", "markers+text") and t.x and t.x[0] is not None]
     on_panel = next(t for t in marks if t.yaxis == panel_axis(figure, "KL"))
     in_lane = next(t for t in marks if t.yaxis == lane_axis(figure))
     assert list(on_panel.x) == [30] and on_panel.y[0] == pytest.approx(steps.column("kl_old_k3")[30].as_py())
@@ -121,7 +121,7 @@ def test_a_lone_runs_ctn_spans_shade_every_panel_and_its_collapse_is_a_labelled_
     bands = [s for s in figure.layout.shapes if s.type == "rect"]
     assert [(s.x0, s.x1, s.yref, s.y0, s.y1) for s in bands] == [(10, 20, "paper", 0, 1)]
     assert any(s.type == "line" and s.x0 == s.x1 == 40 for s in figure.layout.shapes)
-    assert "collapse" in [a.text for a in figure.layout.annotations]
+    assert "collapse at 40" in [a.text for a in figure.layout.annotations]
 
 
 def test_overlaid_runs_ctn_spans_and_collapse_lines_say_which_run_they_belong_to():
@@ -133,7 +133,7 @@ def test_overlaid_runs_ctn_spans_and_collapse_lines_say_which_run_they_belong_to
     lane_rows = list(figure.layout[f"yaxis{len(titles(figure)) + 1}"].categoryarray)
     assert lane_rows == ["b · CTN on", "a · CTN on", "a · ratio"]  # bottom to top
     assert not [s for s in figure.layout.shapes if s.type == "rect"]  # no unlabelled bands
-    assert "collapse · a" in [a.text for a in figure.layout.annotations]
+    assert "collapse · a · 40" in [a.text for a in figure.layout.annotations]
 
 
 def hue_distance(a: str, b: str) -> float:
