@@ -44,8 +44,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from sorl_monitor.detectors import DETECTOR_NAMES, DetectorConfig, detect  # noqa: E402
-from sorl_monitor.postmortem import PostmortemConfig, label_collapse, load_configs  # noqa: E402
+from sorl_monitor.detectors import DETECTOR_NAMES, DetectorConfig, detect, load_config  # noqa: E402
+from sorl_monitor.postmortem import PostmortemConfig, label_collapse  # noqa: E402
 from sorl_monitor.query import QueryError, RunSet, open_runs  # noqa: E402
 
 FITTED: dict[str, tuple[float, ...]] = {
@@ -325,20 +325,14 @@ def main(argv: list[str] | None = None) -> int:
         "--corpus", nargs="*", default=[], help="folders of bundled-trainer runs (the corpus)"
     )
     parser.add_argument("--real", nargs="*", default=[], help="foreign logs, scored with the defaults")
-    parser.add_argument(
-        "--config", type=Path, default=None, help="TOML file of detector settings (as sorl postmortem reads)"
-    )
+    parser.add_argument("--config", type=Path, default=None, help="TOML file of detector settings")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="name=value")
     parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON")
     args = parser.parse_args(argv)
     if not args.corpus and not args.real:
         parser.error("give --corpus and/or --real")
     try:
-        config, postmortem_config = load_configs(args.config, args.overrides)
-        if postmortem_config != PostmortemConfig():
-            raise ValueError(
-                "the collapse label keeps the post-mortem's defaults here: set detector settings only"
-            )
+        config = load_config(args.config, args.overrides)
         payload: dict[str, Any] = {"config": config.to_dict(), "baselines": BASELINE_PARAMS}
         if args.corpus:
             started = time.perf_counter()

@@ -7,30 +7,17 @@
 
 The statement runs through ``RunSet.user_sql``: read-only, on a DuckDB cursor of its own that holds no
 lock of the run set (other readers never wait for it), stopped at its time limit, at most ``max_rows``
-rows fetched. It runs in a daemon thread of its own, at a lower scheduling priority (``NICE``; Linux sets a
-thread's), so the process's other threads (other viewers) come first: a process that exits never waits for it.
+rows fetched. It runs in a daemon thread: a process that exits never waits for it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import threading
 import time
 
 import pyarrow as pa
 
 from sorl_monitor.query import RunSet
-
-NICE = 10
-"""How much the statement's thread lowers its scheduling priority (``os.setpriority``)."""
-
-
-def lower_this_threads_priority(by: int = NICE) -> None:
-    """Lower the calling thread's priority by ``by`` nice levels (Linux; elsewhere, or if refused, nothing)."""
-    with contextlib.suppress(AttributeError, OSError):
-        now = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(19, now + by))
 
 
 class BackgroundQuery:
@@ -49,7 +36,6 @@ class BackgroundQuery:
         self._thread.start()
 
     def _run(self, run_set: RunSet, query: str, max_rows: int) -> None:
-        lower_this_threads_priority()
         try:
             self._result = run_set.user_sql(
                 query, timeout_s=self.timeout_s, max_rows=max_rows, cancel=self._cancel

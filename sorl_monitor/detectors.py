@@ -22,8 +22,8 @@ forward: an alert at step ``s`` depends only on rows ``≤ s``.
     alerts = detect(open_runs("runs/"), DetectorConfig(kl_rise_critical=20))
     # run_id, step, detector, severity, value, threshold, message  (one row per firing)
 
-Thresholds live in ``DetectorConfig``; ``postmortem.load_configs`` reads it and the post-mortem's own
-settings (``PostmortemConfig``) from one TOML file and ``--set name=value`` overrides. The critical thresholds of
+Thresholds live in ``DetectorConfig`` (``load_config`` reads a TOML file, ``--set name=value``
+overrides; the post-mortem's own settings are ``postmortem.PostmortemConfig``). The critical thresholds of
 the fold detectors are the ones ``benchmarks/detector_eval.py`` fits on the bundled trainer's corpus (scored
 leave-one-setting-out); see docs/detectors.md.
 """
@@ -35,13 +35,14 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import duckdb
 import pyarrow as pa
 
 from sorl_monitor.query import RunSet
-from sorl_monitor.settings import check_settings, replace_settings
+from sorl_monitor.settings import check_settings, parse_assignments, read_toml, replace_settings
 from sorl_monitor.warn import warn
 
 ALERT_COLUMNS = pa.schema(
@@ -183,6 +184,16 @@ def config_from_mapping(values: Mapping[str, Any], base: DetectorConfig | None =
     """``base`` (default: the defaults) with ``values`` applied (TOML values or ``--set`` text; old names
     allowed, ``current_names``); ``ValueError`` names an unknown key."""
     return replace_settings(base or DetectorConfig(), current_names(values), "detector setting")
+
+
+def load_config(toml_path: str | Path | None = None, overrides: Iterable[str] = ()) -> DetectorConfig:
+    """Defaults, then the TOML file's detector settings (top level or a ``[detectors]`` table), then
+    ``name=value``s; any other name is an error. A file that also holds the post-mortem's settings is read
+    by ``postmortem.load_configs``, which gives each name to the dataclass that has it."""
+    config = DetectorConfig()
+    if toml_path is not None:
+        config = config_from_mapping(read_toml(toml_path, "detectors"), config)
+    return config_from_mapping(parse_assignments(overrides), config)
 
 
 # --------------------------------------------------------------------------------------- detectors

@@ -22,7 +22,6 @@ import concurrent.futures
 import contextlib
 import json
 import math
-import os
 import threading
 import time
 import warnings
@@ -153,11 +152,6 @@ class _Run:
         return False
 
 
-USER_SQL_THREADS = max(1, (os.cpu_count() or 1) // 2)
-"""Threads of a user's SQL statement over a ``LiveRuns``' run set: half the cores, so other viewers keep
-the other half (``RunSet``'s ``user_sql_threads``)."""
-
-
 class LiveRuns:
     """The runs of a log dir (or of an open ``RunSet``), read incrementally; safe to share between threads.
 
@@ -244,9 +238,7 @@ class LiveRuns:
             )
             return False
         try:
-            self.run_set = open_runs(
-                self.log_dir, self.fmt, user_sql_threads=USER_SQL_THREADS, log_options=self.log_options
-            )
+            self.run_set = open_runs(self.log_dir, self.fmt, log_options=self.log_options)
         except QueryError as error:
             if not self.log_dir.is_dir():
                 self.problem = f"{self.log_dir} is a file that cannot be read as a log: {error}"

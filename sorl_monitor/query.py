@@ -17,9 +17,7 @@ and runs written since; ``read_new()`` reads only the parts of a run's table a r
 read-only: only ``SELECT``/``EXPLAIN`` statements run, on a connection whose file access is locked
 to the opened folders (no ``COPY``, ``ATTACH``, ``INSTALL``, or reads elsewhere). A user's statement
 goes through ``user_sql``: its own cursor, no lock held, a time limit, at most ``max_rows`` rows, and
-DuckDB's ``memory_limit`` (spills go to a private scratch folder). Where other readers share the process (the
-dashboard), ``user_sql_threads`` runs users' statements on a database of their own with that many threads
-(DuckDB's thread count is per database), so a runaway statement leaves the other readers cores.
+DuckDB's ``memory_limit`` (spills go to a private scratch folder).
 """
 
 from __future__ import annotations
@@ -300,7 +298,6 @@ class RunSet:
         fmt: str | None = None,
         *,
         memory_limit: str | None = None,
-        user_sql_threads: int | None = None,
         threads: int | None = None,
         storage_options: dict[str, str] | None = None,
         log_options: LogOptions | None = None,
@@ -335,48 +332,30 @@ class RunSet:
         self._files: dict[str, tuple[str, ...]] = {}
         self._run_paths: dict[str, str] = {}
         self._lock = threading.RLock()
+        self.con = duckdb.connect(config={"threads": threads or max(1, os.cpu_count() or 1)})
         self.memory_limit = memory_limit or default_memory_limit()
         """DuckDB's memory limit (``4GiB``, ``500MB``): queries past it spill to a private scratch folder
         (as large as the limit at most), then fail with a one-line ``QueryError``."""
         self._scratch = tempfile.mkdtemp(prefix="sorl-query-")
         weakref.finalize(self, shutil.rmtree, self._scratch, ignore_errors=True)
-        if user_sql_threads is not None:
-            try:
-                check_setting("user_sql_threads", user_sql_threads, least=1, integer=True)
-            except ValueError as error:
-                raise QueryError(str(error)) from None
-        self.con = self._connect(threads or max(1, os.cpu_count() or 1))
-        self._user_con = self._connect(user_sql_threads) if user_sql_threads is not None else None
-        """``user_sql``'s database when ``user_sql_threads`` is given: DuckDB's thread count is one per
-        database, so the user's statements get one of their own, with the same views (``_ddl``)."""
-        self.refresh()
-
-    def _connect(self, threads: int) -> duckdb.DuckDBPyConnection:
-        """An in-memory DuckDB of ``threads`` threads, its memory bounded, its file access locked to the runs."""
-        con = duckdb.connect(config={"threads": threads})
         try:
             for setting, value in [
                 ("memory_limit", self.memory_limit),
                 ("max_temp_directory_size", self.memory_limit),
-                # DuckDB lets SQL read its temp folder (default ./.tmp); one folder per database
-                ("temp_directory", tempfile.mkdtemp(dir=self._scratch)),
+                ("temp_directory", self._scratch),  # DuckDB lets SQL read its temp folder (default ./.tmp)
             ]:
-                con.execute(f"SET {setting} = $value", {"value": value})
+                self.con.execute(f"SET {setting} = $value", {"value": value})
         except duckdb.Error as error:
-            con.close()
+            self.con.close()
             raise QueryError(f"bad memory limit {self.memory_limit!r}: {_first_line(error)}") from None
         folders = {p.resolve() for p in self.roots if p.is_dir()}
         allowed = sorted({str(p) for p in folders} | {str(p) for p in self.run_dirs})
-        con.execute("SET allowed_directories = $dirs", {"dirs": allowed})
-        con.execute("SET enable_external_access = false")
-        con.execute("SET autoinstall_known_extensions = false")
-        con.execute("SET autoload_known_extensions = false")
-        con.execute("SET lock_configuration = true")
-        return con
-
-    @property
-    def _databases(self) -> list[duckdb.DuckDBPyConnection]:
-        return [self.con] if self._user_con is None else [self.con, self._user_con]
+        self.con.execute("SET allowed_directories = $dirs", {"dirs": allowed})
+        self.con.execute("SET enable_external_access = false")
+        self.con.execute("SET autoinstall_known_extensions = false")
+        self.con.execute("SET autoload_known_extensions = false")
+        self.con.execute("SET lock_configuration = true")
+        self.refresh()
 
     # ------------------------------------------------------------------ views
     @ctrl_c_is_keyboard_interrupt
@@ -565,10 +544,10 @@ class RunSet:
             parquet = "SELECT * FROM read_parquet($files, hive_partitioning = true, union_by_name = true)"
             union = f" UNION ALL BY NAME SELECT * FROM {known}"
             union += f" UNION ALL BY NAME SELECT * FROM {FOREIGN_STEPS}" if foreign else ""
-            self._ddl(f"CREATE VIEW {table} AS {parquet}{union}".replace("$files", _sql_list(files)))
+            self.con.execute(f"CREATE VIEW {table} AS {parquet}{union}".replace("$files", _sql_list(files)))
         elif foreign:
             self._drop(table)
-            self._ddl(f"CREATE VIEW {table} AS SELECT * FROM {FOREIGN_STEPS}")
+            self.con.execute(f"CREATE VIEW {table} AS SELECT * FROM {FOREIGN_STEPS}")
         else:
             self._store_table(table, empty_table(table))
 
@@ -576,37 +555,27 @@ class RunSet:
     def _swap(self) -> Iterator[None]:
         """Replace views and tables in one transaction: a query on another cursor (``user_sql``, which holds
         no lock) sees them before or after, never missing."""
-        for con in self._databases:
-            con.begin()
+        self.con.begin()
         try:
             yield
         except BaseException:
-            for con in self._databases:
-                con.rollback()
+            self.con.rollback()
             raise
-        for con in self._databases:
-            con.commit()
-
-    def _ddl(self, statement: str) -> None:
-        """Run ``statement`` (a view or table change) on the run set's database and on ``user_sql``'s."""
-        for con in self._databases:
-            con.execute(statement)
+        self.con.commit()
 
     def _drop(self, name: str) -> None:
-        for con in self._databases:
-            kinds = con.execute(
-                "SELECT table_type FROM information_schema.tables WHERE table_name = $name", {"name": name}
-            ).fetchall()
-            for (kind,) in kinds:
-                con.execute(f"DROP {'VIEW' if kind == 'VIEW' else 'TABLE'} {name}")
+        kinds = self.con.execute(
+            "SELECT table_type FROM information_schema.tables WHERE table_name = $name", {"name": name}
+        ).fetchall()
+        for (kind,) in kinds:
+            self.con.execute(f"DROP {'VIEW' if kind == 'VIEW' else 'TABLE'} {name}")
 
     def _store_table(self, name: str, data: pa.Table) -> None:
         """Keep ``data`` as an in-memory table ``name`` (visible to every cursor)."""
         self._drop(name)
-        for con in self._databases:
-            con.register("_sorl_incoming", data)
-            con.execute(f"CREATE TABLE {name} AS SELECT * FROM _sorl_incoming")
-            con.unregister("_sorl_incoming")
+        self.con.register("_sorl_incoming", data)
+        self.con.execute(f"CREATE TABLE {name} AS SELECT * FROM _sorl_incoming")
+        self.con.unregister("_sorl_incoming")
 
     def _register_runs(self) -> None:
         rows = []
@@ -691,7 +660,6 @@ class RunSet:
         """Run a user's read-only statement (``sorl query``, a dashboard's SQL box) and return an Arrow table.
 
         It runs on a cursor of its own without holding the run set's lock (a ``refresh`` never waits for it),
-        on the database of ``user_sql_threads`` threads if the run set has one,
         is stopped after ``timeout_s`` seconds or soon after another thread sets ``cancel``, is bounded by
         ``memory_limit``, and fetches at most ``max_rows`` rows (ask for one more to learn whether there are
         more). Any problem, a time or memory limit hit or a cancel included, is a one-line ``QueryError``.
@@ -727,7 +695,7 @@ class RunSet:
         cancel: threading.Event | None,
     ) -> pa.Table:
         with self._lock:
-            cursor = (self._user_con or self.con).cursor()
+            cursor = self.con.cursor()
         finished, expired = threading.Event(), threading.Event()
 
         def watch() -> None:
@@ -798,8 +766,7 @@ class RunSet:
         return [row["column_name"] for row in self.sql(f"DESCRIBE {name}").to_pylist()]
 
     def close(self) -> None:
-        for con in self._databases:
-            con.close()
+        self.con.close()
         shutil.rmtree(self._scratch, ignore_errors=True)
 
     def __enter__(self) -> RunSet:
@@ -814,22 +781,19 @@ def open_runs(
     fmt: str | None = None,
     *,
     memory_limit: str | None = None,
-    user_sql_threads: int | None = None,
     threads: int | None = None,
     storage_options: dict[str, str] | None = None,
     log_options: LogOptions | None = None,
 ) -> RunSet:
     """Open runs for querying (see ``RunSet``); ``fmt`` forces a log format (``logs.FORMATS``);
-    ``memory_limit`` bounds DuckDB's memory (default ``default_memory_limit()``); ``user_sql_threads``
-    gives ``user_sql`` a database of that many threads (default: the run set's own), ``threads`` the run
-    set's own (default one per core); a path may be an object-store URI (``s3://bucket/prefix``, read
-    through a local copy; ``storage_options`` as ``storage.filesystem`` takes them); ``log_options``: what
-    the user told the log readers (``logs.options``: ``--map``, ``--logging-steps``)."""
+    ``memory_limit`` bounds DuckDB's memory (default ``default_memory_limit()``), ``threads`` its threads
+    (default one per core); a path may be an object-store URI (``s3://bucket/prefix``, read through a local
+    copy; ``storage_options`` as ``storage.filesystem`` takes them); ``log_options``: what the user told the
+    log readers (``logs.options``: ``--map``, ``--logging-steps``)."""
     return RunSet(
         paths,
         fmt,
         memory_limit=memory_limit,
-        user_sql_threads=user_sql_threads,
         threads=threads,
         storage_options=storage_options,
         log_options=log_options,

@@ -31,8 +31,7 @@ class TrainConfig:
     ctn: str | None = None
     """off | on | auto; default: on for s_ppo / so_ppo / so_grpo, off otherwise."""
     ctn_coef: float = 32.0
-    """λ of CTN: loss += λ · clip_fraction · KL_k3 (the starting and lowest λ when it adapts). The seed's
-    λ = 1 was too weak against 8-epoch reuse here (tuning seeds 0–3: SO-PPO held its peak in 1 of 4)."""
+    """λ of CTN: loss += λ · clip_fraction · KL_k3 (the starting and lowest λ when it adapts); default 32."""
     ctn_target_clip: float | None = 0.05
     """Adaptive λ: hold the clip fraction CTN multiplies near this target (λ doubles above 1.5× it, halves
     below it / 1.5, between ``ctn_coef`` and ``ctn_coef_max``, once per rollout batch); None: fixed λ."""
@@ -48,24 +47,18 @@ class TrainConfig:
     """Bound CTN's k3 gradient: beyond ``r = c`` (and below ``1/c``) the KL continues linearly in ``log r``;
     None: plain k3 (gradient ``r − 1``, unbounded for stale ratios)."""
     ctn_quiet_updates: int = 1024
-    """auto: updates without a tripped detector before CTN goes off again (1024: 32 rollout iterations at
-    8 × 4 reuse). The detectors judge rises over a run's own quiet level, so they go quiet once a rise
-    settles even though the drift remains; in the runs that failed at 256, each switch-off was followed
-    within an iteration or two by a clip and KL spike. At 256, PPO + auto-CTN held 7/8 tuning seeds and 6/8
-    of seeds 60–67; at 1024 8/8 of both (final 0.79 against 0.81: CTN on longer costs a little reward); at
-    32 in the older lr 1e-3 setting it collapsed in 1 of 4 (docs/trainer.md)."""
+    """auto: updates without a tripped detector before CTN goes off again; default 1024 (32 rollout
+    iterations at 8 × 4 reuse). The detectors judge rises over a run's own quiet level, so they go quiet once
+    a rise settles even though the drift remains (how 1024 was chosen: docs/results.md)."""
     ctn_auto_start: str = "on"
-    """auto: whether CTN is on from the first update (on: armed, then off after ``ctn_quiet_updates`` quiet
-    updates and on again at a warning) or waits for the detectors' first warning (off). On removes the
-    staleness echo of a first batch without CTN. With the annealed lr 6e-4 (tuning seeds 0–7) armed held
-    8/8 for SO-PPO + auto (off: 6/8) and 7/8 for PPO + auto (off: 6/8); at the earlier constant lr it held
-    no more often (docs/trainer.md)."""
+    """auto: whether CTN is on from the first update (on, the default: armed, then off after
+    ``ctn_quiet_updates`` quiet updates and on again at a warning) or waits for the detectors' first warning
+    (off). On removes the staleness echo of a first batch without CTN (docs/trainer.md)."""
     ctn_guard_every: int | None = None
     """auto: updates between the guard's looks at the detectors (4: once per epoch, so CTN can switch within
-    a rollout batch); None: once per rollout batch. Every 4 held better on tuning seeds 0–3 and no better on
-    the evaluation seeds 10–17 (docs/trainer.md), so the default stays once per batch."""
+    a rollout batch); None, the default: once per rollout batch."""
     ctn_anchor: str = "behaviour"
-    """What CTN's KL pulls back to: behaviour (π_old, the rollout's policy: the seed's form) | proximal (the
+    """What CTN's KL pulls back to: behaviour (π_old, the rollout's policy; the default) | proximal (the
     learner when the batch's updates began; differs from π_old only with stale rollouts)."""
     seed: int = 0
     iterations: int = 100
@@ -82,15 +75,12 @@ class TrainConfig:
     """Raise the learning rate linearly from ``lr / warmup_iterations`` to ``lr`` over the first iterations."""
     anneal_lr: bool = True
     """Decay the learning rate linearly from ``lr`` to 0 over the iterations (CleanRL's ``anneal_lr``; the
-    Hugging Face Trainer's default schedule, which TRL inherits; verl's default is constant). With lr 6e-4
-    annealed token PPO collapsed in 8/8 tuning seeds while the remedies held (docs/trainer.md); at 5e-4
-    annealed it mostly recovered as the lr decayed, at 7e-4 the auto variants dipped."""
+    Hugging Face Trainer's default schedule, which TRL inherits; verl's default is constant); default on."""
     clip_eps: float = 0.2
     clip_eps_high: float | None = None
     dual_clip: float | None = 3.0
     """Dual-clip bound c on negative advantages (verl's ``clip_ratio_c`` and its default); None: off (TRL's
-    and OpenRLHF's default). Tuning seeds 0–3 of the default setting: SO-PPO collapsed in 2 of 4 without it
-    (arithmetic-mean turn ratio), in 0 of 4 with it and the geometric mean; token PPO in 4 of 4 without, 3 of 4 with."""
+    and OpenRLHF's default); default 3."""
     vf_coef: float = 0.5
     ent_coef: float = 0.0
     kl_ref_coef: float = 0.0
@@ -99,7 +89,7 @@ class TrainConfig:
     gae_lambda: float = 1.0
     whiten: bool = True
     turn_ratio: str = "geomean"
-    """geomean: w̄_k = exp(mean_t log r_t) | mean: mean_t r_t (the design notes' form). With the mean, one
+    """geomean: w̄_k = exp(mean_t log r_t) | mean: mean_t r_t (the arithmetic mean, as in docs/schema.md). With the mean, one
     outlier token (r_t ≈ 400 is routine with stale rollouts) lifts its whole turn's ratio; the geometric mean
     kept grad norms an order of magnitude lower, so it is the default (a measured choice, not the paper's)."""
     temperature: float = 1.0
@@ -109,10 +99,8 @@ class TrainConfig:
     warmstart_stuck_nll: float | None = 0.5
     """A warm start whose demonstrations' cross-entropy (mean of its last 20 batches) is still above this at
     ``warmstart_steps`` has not learnt them: it goes on (at most 3×) until that mean is at most
-    ``warmstart_target_nll``; None: exactly ``warmstart_steps``. Chosen on warm-start curves alone: a slow
-    seed sits on a plateau near 1.0 nats before it falls to the floor (≈ 0.25); of seeds 0–47 only 28 and
-    45 were above 0.5 at 300 steps (sampled reward 0.07 and 0.03 there, against 0.25–0.55 for the rest;
-    0.47 and 0.45 after 358 and 398 steps with the rule)."""
+    ``warmstart_target_nll``; None: exactly ``warmstart_steps``. Default 0.5: a slow seed sits on a plateau
+    near 1.0 nats before it falls to the floor (≈ 0.25); docs/trainer.md."""
     warmstart_target_nll: float = 0.3
     warmstart_cache: str | None = "~/.cache/sorl-monitor"
     """Folder where warm-started policies are kept (keyed by every setting that shapes them); None: no cache."""

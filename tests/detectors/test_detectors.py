@@ -19,6 +19,7 @@ from sorl_monitor.detectors import (
     DetectorConfig,
     detect,
     get_detectors,
+    load_config,
 )
 from sorl_monitor.postmortem import load_configs
 from sorl_monitor.query import open_runs
@@ -258,10 +259,10 @@ def test_toml_file_sets_thresholds_at_top_level_or_under_detectors(tmp_path):
     flat.write_text("clip_rise_critical = 7.5\nsmooth_steps = 2\n")
     nested = tmp_path / "nested.toml"
     nested.write_text("[detectors]\nclip_rise_critical = 8.5\nentropy_rise_critical = inf\n")
-    assert load_configs(flat)[0].clip_rise_critical == 7.5 and load_configs(flat)[0].smooth_steps == 2
+    assert load_config(flat).clip_rise_critical == 7.5 and load_config(flat).smooth_steps == 2
     assert (
-        load_configs(nested)[0].clip_rise_critical == 8.5
-        and load_configs(nested)[0].entropy_rise_critical == math.inf
+        load_config(nested).clip_rise_critical == 8.5
+        and load_config(nested).entropy_rise_critical == math.inf
     )
 
 
@@ -290,25 +291,25 @@ def test_set_overrides_win_over_the_toml_file(tmp_path):
 )
 def test_bad_settings_are_clear_errors(overrides, message):
     with pytest.raises(ValueError, match=message):
-        load_configs(None, overrides)
+        load_config(None, overrides)
 
 
 def test_bad_or_missing_toml_is_a_clear_error(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("clip_rise_critical = [\n")
     with pytest.raises(ValueError, match="bad TOML"):
-        load_configs(bad)
+        load_config(bad)
     with pytest.raises(ValueError, match="no such config file"):
-        load_configs(tmp_path / "missing.toml")
+        load_config(tmp_path / "missing.toml")
     unknown = tmp_path / "unknown.toml"
     unknown.write_text("[detectors]\nfoo = 1\n")
     with pytest.raises(ValueError, match="unknown detector setting 'foo'"):
-        load_configs(unknown)
+        load_config(unknown)
 
 
 def test_the_removed_stale_rollouts_preset_is_no_longer_a_config_name():
     with pytest.raises(ValueError, match="no such config file"):
-        load_configs("stale-rollouts")
+        load_config("stale-rollouts")
 
 
 def test_docs_list_every_detector_by_name():

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sorl_monitor.cli.main import app
-from sorl_monitor.detectors import OLD_NAMES, DetectorConfig
+from sorl_monitor.detectors import OLD_NAMES, DetectorConfig, load_config
 from sorl_monitor.postmortem import PostmortemConfig, label_collapse, load_configs
 from sorl_monitor.query import open_runs
 from tests.detectors.synthetic import collapse_reward, stable_rows, write_rows
@@ -91,7 +91,7 @@ def test_an_old_severe_name_in_a_toml_file_is_read_as_critical_with_a_deprecatio
     with pytest.warns(
         FutureWarning, match="entropy_rise_severe is deprecated: read as entropy_rise_critical"
     ):
-        config, _ = load_configs(path)
+        config = load_config(path)
     assert config.entropy_rise_critical == 6.0
 
 
@@ -110,13 +110,13 @@ def test_every_critical_threshold_has_its_old_name_but_clip_frac_severe_is_not_o
 
 def test_an_old_name_next_to_its_new_name_is_an_error():
     with pytest.raises(ValueError, match="echo_trap_critical is given twice"):
-        load_configs(None, ["echo_trap_severe=0.9", "echo_trap_critical=0.8"])
+        load_config(None, ["echo_trap_severe=0.9", "echo_trap_critical=0.8"])
 
 
 def test_the_deprecation_note_goes_to_stderr_under_w_error_instead_of_raising(capsys):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        config, _ = load_configs(None, ["nonfinite_severe=2"])
+        config = load_config(None, ["nonfinite_severe=2"])
     assert config.nonfinite_critical == 2.0
     err = capsys.readouterr().err
     assert (
