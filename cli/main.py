@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import warnings
+
 import typer
 
 from sorl_monitor.cli import core, diagnose, ingest
 from sorl_monitor.cli import dashboard as dashboard_cli
 from sorl_monitor.cli import train as train_cli
+from sorl_monitor.cli.common import show_warning_in_one_line
+
+warnings.showwarning = show_warning_in_one_line
 
 app = typer.Typer(
     name="sorl",

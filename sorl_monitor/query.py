@@ -55,6 +55,7 @@ from sorl_monitor.logs import (
     is_run_dir,
     read_source,
 )
+from sorl_monitor.logs.guards import check_path
 from sorl_monitor.logs.table import unique_ids
 from sorl_monitor.schema import (
     PART_GLOB,
@@ -292,8 +293,10 @@ class RunSet:
     ) -> None:
         self.roots = _as_paths(paths)
         try:
+            for root in self.roots:
+                check_path(root)
             self.format = check_format(fmt)
-        except LogFormatError as error:
+        except (LogFormatError, ValueError) as error:
             raise QueryError(str(error)) from None
         self.run_dirs = find_runs(self.roots, fmt)
         self._logs: dict[LogSource, _ForeignLog] = {}

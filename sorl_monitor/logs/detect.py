@@ -22,6 +22,7 @@ import struct
 from pathlib import Path
 
 from sorl_monitor.logs import hf, mlflow, tensorboard, wandb
+from sorl_monitor.logs.guards import json_loads
 from sorl_monitor.logs.sniff import csv_header, first_json_line, first_list_item, head, text_kind
 from sorl_monitor.logs.table import step_column
 from sorl_monitor.schema import RUN_FILE, TABLES
@@ -94,7 +95,7 @@ def _json_document_format(path: Path, start: bytes) -> str | None:
     if b'"log_history"' in start:
         return "hf"
     try:
-        document = json.loads(path.read_bytes())
+        document = json_loads(path.read_bytes())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
     if isinstance(document, dict):

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sorl_monitor.integrations.names import guess_family, map_metrics
+from sorl_monitor.logs.guards import json_loads
 from sorl_monitor.logs.table import (
     DROPPED_COLUMNS,
     ForeignRun,
@@ -53,7 +54,7 @@ def parse_flat_line(line: bytes) -> tuple[int, dict[str, Any]]:
     """``(step, metrics)`` of one flat JSON line (nested objects flattened, the step column and W&B
     bookkeeping removed); ``ValueError`` if it is not an object with an integer step."""
     try:
-        record = json.loads(line)
+        record = json_loads(line)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ValueError(f"not JSON ({error})") from None
     if not isinstance(record, dict):
