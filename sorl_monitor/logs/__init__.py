@@ -104,13 +104,16 @@ def _folder_logs(folder: Path, fmt: str | None, root: Path, depth: int) -> list[
     own = detect_folder(folder)
     if own == "sorl" and is_run_dir(folder):
         return []
-    if own not in (None, "sorl") and fmt in (None, own):
-        return [LogSource(folder, own, _name(folder, own, root))]
     found = []
+    is_log = own not in (None, "sorl") and fmt in (None, own)
+    if is_log:
+        found.append(LogSource(folder, own, _name(folder, own, root)))
+        if own != "tensorboard":  # TensorBoard: each folder with event files is a run, its sub-folders too
+            return found
     for child in sorted(folder.iterdir()):
         if child.name.startswith("."):
             continue
-        if child.is_file():
+        if child.is_file() and not is_log:
             kind = detect_file(child)
             if kind is not None and fmt in (None, kind):
                 found.append(LogSource(child, kind, _name(child, kind)))

@@ -12,7 +12,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -72,18 +72,40 @@ def parse_flat_line(line: bytes) -> tuple[int, dict[str, Any]]:
 
 
 class _Names:
-    """Maps each row with one family, guessed from the first row's names (``train/`` prefix as the readers
-    treat it), unless given."""
+    """Maps each row with one family, unless given: guessed from every name the log has had so far (``learn``:
+    the whole file as it is when ingest starts, then each new name as it arrives), as the readers guess it
+    from every column of a log read in place (``train/`` prefix as they treat it)."""
 
     def __init__(self, family: str | Mapping[str, str] | None) -> None:
-        self.family = family
-        self.renamed: dict[str, str] | None = None if family == "auto" else {}
+        self.guessing = family == "auto"
+        self.family = None if self.guessing else family
+        self.renamed: dict[str, str] = {}
+        self.seen: set[str] = set()
+
+    def learn(self, names: Iterable[str]) -> None:
+        """Take ``names`` into the guess (a name not seen before may change the family)."""
+        new = set(names) - self.seen
+        if not self.guessing or not new:
+            return
+        self.seen |= new
+        self.renamed = without_trainer_prefix(sorted(self.seen))
+        self.family = guess_family(self.renamed.values())
 
     def __call__(self, data: Mapping[str, Any]) -> dict[str, Any]:
-        if self.renamed is None:
-            self.renamed = without_trainer_prefix(list(data))
-            self.family = guess_family(self.renamed.values())
+        self.learn(data)
         return map_metrics({self.renamed.get(k, k): v for k, v in data.items()}, self.family)
+
+
+def _names_in(path: str | os.PathLike[str], parse: LineParser) -> set[str]:
+    """Every metric name of the file's lines as they are now (lines that do not parse left out)."""
+    names: set[str] = set()
+    with open(path, "rb") as handle:
+        for line in handle:
+            try:
+                names.update(parse(line)[1])
+            except ValueError:
+                continue
+    return names
 
 
 def ingest_lines(
@@ -100,7 +122,7 @@ def ingest_lines(
     stop: threading.Event | None = None,
 ) -> IngestReport:
     """Write each line's record with ``step > after_step`` as one ``steps`` row (names mapped with
-    ``family``; ``"auto"``: guessed from the first record). With ``merge_lines``, consecutive lines of one
+    ``family``; ``"auto"``: guessed from every name in the file, as a reader in place guesses it). With ``merge_lines``, consecutive lines of one
     step are one row (written when a later step starts or the file's end is reached; a line of a step
     already written is skipped).
 
@@ -110,6 +132,7 @@ def ingest_lines(
     after each read, so a follower's rows reach disk as they come.
     """
     names = _Names(family)
+    names.learn(_names_in(path, parse))
     report = IngestReport()
     last_step = after_step
     position = 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -281,7 +282,26 @@ def wide_run(
     )
     if wall is not None:
         table = table.rename_columns(["wall_time" if c == wall else c for c in table.column_names])
+    _warn_rows_without_step(source, table, step)
     return foreign_run(source, fmt, name, one_row_per_step(table, step), info=info)
+
+
+def _warn_rows_without_step(source: Path, table: pa.Table, step: str) -> None:
+    """Warn (naming the columns they hold) about rows with values but no step: ``one_row_per_step`` leaves
+    them out (a W&B history's reward rows logged without ``train/global_step``)."""
+    if not table.column(step).null_count:
+        return
+    stepless = table.filter(pc.is_null(table.column(step)))
+    held = [
+        c for c in stepless.column_names if c != step and stepless.column(c).null_count < stepless.num_rows
+    ]
+    if held:
+        shown = ", ".join(held[:6]) + (f" and {len(held) - 6} more" if len(held) > 6 else "")
+        warnings.warn(
+            f"{source}: {stepless.num_rows} rows without a {step} are left out (they hold {shown})",
+            LogWarning,
+            stacklevel=4,
+        )
 
 
 def _numeric(kind: pa.DataType) -> bool:
