@@ -378,8 +378,11 @@ class RunSet:
             try:
                 runs = read_source(source)
             except LogFormatError as error:
-                if known is None:
+                if known is None and source.path in self._named_files():
                     raise QueryError(str(error)) from None
+                if known is None:  # one bad log among those found in a folder: the others still read
+                    warnings.warn(f"skipping {source.path}: {error}", CorruptPartWarning, stacklevel=3)
+                    continue
                 warnings.warn(
                     f"keeping the last read of {source.path}: {error}", CorruptPartWarning, stacklevel=3
                 )
@@ -390,6 +393,10 @@ class RunSet:
             runs = [run for log in self._logs.values() for run in log.runs]
             unique_ids(runs, taken={path.name for path in self.run_dirs})
             self.foreign = {run.run_id: run for run in runs}
+
+    def _named_files(self) -> set[Path]:
+        """The logs given by path (not found in a folder): one of them that does not read is an error."""
+        return {root.resolve() for root in self.roots if not root.is_dir()}
 
     def files(self, table: str) -> tuple[str, ...]:
         """The readable part files behind a view."""

@@ -44,6 +44,11 @@ def read(path: Path, name: str) -> list[ForeignRun]:
     table = table.select(["step", *metrics]).rename_columns(["step", *names])
     return [
         foreign_run(
-            path, "verl", name, one_row_per_step(table, "step"), info={"algorithm": "verl"}, family="verl"
+            path,
+            "verl",
+            name,
+            one_row_per_step(table, "step", path),
+            info={"algorithm": "verl"},
+            family="verl",
         )
     ]
