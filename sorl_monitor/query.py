@@ -338,6 +338,7 @@ class RunSet:
         self._statements_running = 0
         self._sandboxes = SandboxPool()
         weakref.finalize(self, self._sandboxes.close)
+        self._just_listed = True  # the first refresh does not find and detect every log a second time
         self.refresh()
 
     # ------------------------------------------------------------------ views
@@ -345,7 +346,9 @@ class RunSet:
     def refresh(self) -> bool:
         """Re-list runs and part files; rebuild the views whose files changed. True if anything changed."""
         with self._lock:
-            if any(p.is_dir() and not is_run_dir(p) for p in self.roots):
+            if self._just_listed:
+                self._just_listed = False
+            elif any(p.is_dir() and not is_run_dir(p) for p in self.roots):
                 self.run_dirs = list(dict.fromkeys(self.run_dirs + find_runs(self.roots, self.format)))
                 self._read_foreign_logs(find_foreign_logs(self.roots, self.format))
             else:

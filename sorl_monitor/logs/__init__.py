@@ -111,7 +111,7 @@ def _folder_logs(folder: Path, fmt: str | None, root: Path, depth: int) -> list[
         if own != "tensorboard":  # TensorBoard: each folder with event files is a run, its sub-folders too
             return found
     for child in sorted(folder.iterdir()):
-        if child.name.startswith("."):
+        if child.name.startswith(".") or _links_inside(child, root):
             continue
         if child.is_file() and not is_log:
             kind = detect_file(child)
@@ -120,6 +120,17 @@ def _folder_logs(folder: Path, fmt: str | None, root: Path, depth: int) -> list[
         elif child.is_dir() and depth > 0:
             found.extend(_folder_logs(child, fmt, root, depth - 1))
     return found
+
+
+def _links_inside(child: Path, root: Path) -> bool:
+    """Whether ``child`` is a symbolic link to a file or folder under ``root`` (the walk finds that one itself:
+    ``latest -> run-1`` would list the run twice, a link back to a parent once per level)."""
+    if not child.is_symlink():
+        return False
+    try:
+        return child.resolve().is_relative_to(root)
+    except (OSError, RuntimeError):  # a link loop that does not resolve
+        return True
 
 
 def _name(path: Path, fmt: str, root: Path | None = None) -> str:
