@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import importlib
 import io
@@ -9,7 +10,7 @@ import json
 import math
 from collections.abc import Callable
 from enum import StrEnum
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Annotated, Any, NoReturn, TypeVar
 
 import pyarrow as pa
@@ -22,6 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from sorl_monitor.logs import FORMATS, LogOptions
+from sorl_monitor.logs.guards import check_path
 from sorl_monitor.logs.options import config_tables
 from sorl_monitor.query import QueryError, RunSet, open_runs
 
@@ -39,6 +41,19 @@ def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
     raise typer.Exit(code)
 
 
+def show_warning_in_one_line(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: Any = None,
+    line: Any = None,
+) -> None:
+    """``warnings.showwarning`` for the command line: ``warning: message``, without the source line that
+    raised it (which says nothing to a user)."""
+    err_console.print(f"[yellow]warning:[/] {escape(str(message))}", highlight=False, soft_wrap=True)
+
+
 def require(module: str, extra: str) -> None:
     """Fail in one line when an optional dependency of the command is not installed."""
     try:
@@ -53,9 +68,16 @@ def user_errors(func: F) -> F:
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
+            for value in kwargs.values():  # every path option and argument, as it enters
+                if isinstance(value, PurePath):
+                    check_path(value)
             return func(*args, **kwargs)
         except (QueryError, ValueError, FileNotFoundError, NotADirectoryError, PermissionError) as error:
             fail(str(error))
+        except OSError as error:
+            if error.errno != errno.ENAMETOOLONG:
+                raise
+            fail(f"file name too long: {error.filename}")
 
     return wrapper  # type: ignore[return-value]
 

@@ -39,6 +39,8 @@ EXIT_HEALTHY = 0
 """``sorl postmortem``: healthy, no collapse labelled (alerts may still be listed as notes)."""
 EXIT_COLLAPSE = 3
 """``sorl postmortem``: the run collapsed."""
+EXIT_NOT_JUDGED = 4
+"""``sorl postmortem``: the run logs no reward, so no collapse could be judged (never called healthy)."""
 
 RunPath = Annotated[str, typer.Argument(help=RUN_PATH_HELP)]
 RunOption = Annotated[str | None, typer.Option("--run", help="Run id, when the folder holds several runs.")]
@@ -99,6 +101,8 @@ def print_verdict(verdict: Verdict) -> None:
             "non-finite loss" if verdict.collapse_reason == "nonfinite_loss" else "reward below half its peak"
         )
         console.print(f"  status          [bold red]collapsed at step {verdict.collapse_step}[/] ({reason})")
+    elif verdict.status == "not_judged":
+        console.print("  status          [yellow]not judged[/] (no reward logged)")
     else:
         console.print("  status          [green]healthy[/] (no collapse)")
     console.print(f"  first warning   {_or_dash(verdict.first_warning)}")
@@ -147,7 +151,7 @@ def postmortem(
 ) -> None:
     """Timeline, collapse, lead time, and for a collapse its root cause and remedy, of one run or log.
 
-    Exit status: 0 healthy, 3 collapse found, 2 user error.
+    Exit status: 0 healthy, 3 collapse found, 4 not judged (no reward logged), 2 user error.
     """
     configs = _configs(config_file, set_)
     with open_or_fail(run, fmt, options=log_options(map_, logging_steps, config_file)) as run_set:
@@ -156,6 +160,8 @@ def postmortem(
         typer.echo(json.dumps(verdict.to_dict()))
     else:
         print_verdict(verdict)
+    if verdict.status == "not_judged":
+        raise typer.Exit(EXIT_NOT_JUDGED)
     raise typer.Exit(EXIT_COLLAPSE if verdict.collapsed else EXIT_HEALTHY)
 
 

@@ -26,7 +26,7 @@ from sorl_monitor.cli.common import (
     require,
     user_errors,
 )
-from sorl_monitor.logs import LogOptions, LogSource, find_logs, fingerprint, read_source
+from sorl_monitor.logs import LogFormatError, LogOptions, LogSource, find_logs, fingerprint, read_source
 from sorl_monitor.logs.ingest import LINE_FORMATS, IngestReport, ingest_lines, ingest_run, parse_flat_line
 from sorl_monitor.logs.row_kinds import file_has_kinds
 from sorl_monitor.logs.verl import parse_record
@@ -148,8 +148,15 @@ def ingest_whole_log(
     options: LogOptions | None = None,
 ) -> None:
     """Read a log whole and write each of its runs; with ``follow``, read it again whenever its files change
-    and write the steps after the last one written."""
-    runs = read_source(source, options)
+    and write the steps after the last one written. A log that does not read while followed (a
+    ``trainer_state.json`` caught half written) is read again at its next change."""
+    unread: str | None = None  # why the last change of a followed log did not read
+    try:
+        runs = read_source(source, options)
+    except LogFormatError as error:
+        if not follow:
+            raise
+        runs, unread = [], str(error)
     if run is not None and len(runs) > 1:
         fail(f"{source.path} holds {len(runs)} runs; --run names one run")
     written: dict[
@@ -176,11 +183,16 @@ def ingest_whole_log(
                 written[name] = (monitor, after, last, total)
             if not follow:
                 break
+            idle_since = time.monotonic()  # idle from the end of this read, not from its start
             while not stop.is_set():
                 time.sleep(poll)
                 if (now := fingerprint(source)) != stamp:
                     stamp, idle_since = now, time.monotonic()
-                    runs = read_source(source, options)
+                    try:
+                        runs, unread = read_source(source, options), None
+                    except LogFormatError as error:
+                        unread = str(error)  # half written: read again at its next change
+                        continue
                     break
                 if idle_timeout is not None and time.monotonic() - idle_since > idle_timeout:
                     stop.set()
@@ -192,6 +204,12 @@ def ingest_whole_log(
             monitor.close("ingested")
     for name, (monitor, after, _last, total) in written.items():
         print_report(total, source.path, log_dir / name, after, monitor)
+    if unread is not None:
+        err_console.print(
+            f"warning: the last change of {source.path} did not read ({unread}); its steps are not ingested",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 @user_errors

@@ -118,6 +118,8 @@ def show_verdict(verdict: Verdict, wide: bool) -> None:
                 f":red[**Root cause: {verdict.root_cause.replace('_', ' ')}**] — {verdict.explanation}"
             )
             st.markdown(f"**Remedy:** {verdict.remedy}")
+        elif verdict.status == "not_judged":
+            st.markdown(":orange[**Not judged**]: the run logs no reward, which the collapse label needs.")
         else:
             st.markdown(":green[**Healthy**]: the reward never fell below half its running peak for good.")
         for note in verdict.notes:

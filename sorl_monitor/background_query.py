@@ -5,9 +5,10 @@
         ...                       # the caller stays responsive; query.cancel() stops the statement
     table = query.result()        # or QueryError (bad SQL, time or memory limit, stopped)
 
-The statement runs through ``RunSet.user_sql``: read-only, on a DuckDB cursor of its own that holds no
-lock of the run set (other readers never wait for it), stopped at its time limit, at most ``max_rows``
-rows fetched. It runs in a daemon thread: a process that exits never waits for it.
+The statement runs through ``RunSet.user_sql``: read-only, in a child process with one DuckDB thread that
+holds no lock of the run set (other readers never wait for it), killed at its time or memory limit or on
+``cancel()``, at most ``max_rows`` rows fetched. It is waited for in a daemon thread: a process that exits
+never waits for it.
 """
 
 from __future__ import annotations

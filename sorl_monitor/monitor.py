@@ -95,8 +95,9 @@ class Monitor:
         compact: merge small part files into ``part-A-B.parquet`` as they pile up and at close.
         rank, world_size: default from ``torch.distributed`` (or ``RANK``/``WORLD_SIZE``).
         enabled: ``False`` turns every call into a no-op (e.g. to measure overhead).
-        notify: a webhook URL (or a ``notify.Notifier``): rank 0 posts alert onsets, guard actions and an
-            end of the run other than ``finished`` there, from a background thread.
+        notify: a webhook URL (or a ``notify.Notifier``, e.g. for another ``close_timeout_s``): rank 0
+            posts alert onsets, guard actions and an end of the run other than ``finished`` there, from a
+            background thread.
         storage_options: for a ``log_dir`` in object storage (``s3://bucket/prefix``): endpoint and
             credentials (``storage.filesystem``); by default the usual AWS environment variables.
     """
@@ -166,7 +167,9 @@ class Monitor:
             self.run_id, algorithm=algorithm, seed=seed, config=config, world_size=self.world_size
         )
         self._writer: ParquetStreamWriter | None = None
-        self.notifier = (Notifier(notify) if isinstance(notify, str) else notify) if self.rank == 0 else None
+        if notify is not None and not isinstance(notify, Notifier):
+            notify = Notifier(notify)  # a URL: checked here, on every rank (ValueError, one line)
+        self.notifier = notify if self.rank == 0 else None
         if not enabled:
             self._info = RunInfo(self.run_dir / RUN_FILE, fields, writes=False)
             return

@@ -10,8 +10,10 @@ not back within ``collapse_recovery_steps`` steps — or the log ends below it a
 non-finite. Lead time = collapse step − the first critical alert at or before it, in steps.
 
 A run that did not collapse is ``healthy``: no root cause, no remedy; what the detectors saw is listed
-as notes. For a collapse, the root cause comes from which detector family fired first up to the
-collapse, and evidence over the ``root_cause_steps`` steps before it (``steps`` and ``turns`` rows):
+as notes. A run without a finite ``reward_mean`` in any row and no non-finite loss is ``not_judged``: the
+label has nothing to judge it by, and a note names what it lacks. For a collapse, the root cause comes
+from which detector family fired first up to the collapse, and evidence over the ``root_cause_steps``
+steps before it (``steps`` and ``turns`` rows):
 
 * ``echo_trap`` — reward variance died (``echo_trap`` / ``reward_std_collapse``) before any ratio, KL,
   entropy or gradient alert;
@@ -302,6 +304,10 @@ has one)."""
 
 DETECTOR_FAMILY = {d.name: d.family for d in DETECTORS}
 
+REWARD_ROWS_SQL = (
+    "SELECT count(*) FILTER (WHERE isfinite(reward_mean)) AS n FROM steps WHERE run_id = $run_id"
+)
+"""How many rows of the run have a reward the collapse label can use (none: the run is ``not_judged``)."""
 INPUTS_SQL = "SELECT {counts} FROM steps WHERE run_id = $run_id"
 """How many rows of the run carry each detector input column."""
 
@@ -589,9 +595,14 @@ def postmortem(
     ).to_pylist()[0]["n"]
     inputs, not_evaluated = run_inputs(runs, run_id)
     first_critical = _first(summary, None, critical=True)
+    judged = (
+        collapse_step is not None or runs.sql(REWARD_ROWS_SQL, {"run_id": run_id}).to_pylist()[0]["n"] > 0
+    )
     if collapse_step is None:
         cause = explanation = remedy = None
         notes = _notes(summary, evidence, label_row["ends_below"], settings)
+        if not judged:
+            notes.insert(0, "not judged: no row has a reward (reward_mean), which the collapse label needs")
     else:
         turn_level = (
             algorithm is not None and algorithm.lower().replace("-", "_") in settings.turn_level_algorithms
@@ -614,7 +625,7 @@ def postmortem(
         algorithm=algorithm,
         updates=label_row["updates"],
         last_step=label_row["last_step"],
-        status="collapsed" if collapse_step is not None else "healthy",
+        status="collapsed" if collapse_step is not None else "healthy" if judged else "not_judged",
         collapse_step=collapse_step,
         collapse_reason=label_row["collapse_reason"],
         ends_collapsed=bool(label_row["ends_collapsed"]),

@@ -16,8 +16,9 @@ and runs written since; ``read_new()`` reads only the parts of a run's table a r
 (what the dashboard and ``sorl watch`` do on every refresh). User SQL is
 read-only: only ``SELECT``/``EXPLAIN`` statements run, on a connection whose file access is locked
 to the opened folders (no ``COPY``, ``ATTACH``, ``INSTALL``, or reads elsewhere). A user's statement
-goes through ``user_sql``: its own cursor, no lock held, a time limit, at most ``max_rows`` rows, and
-DuckDB's ``memory_limit`` (spills go to a private scratch folder).
+goes through ``user_sql``: a child process (``sql_sandbox``) with one DuckDB thread, no lock held, killed
+at its time limit or once past the memory limit, at most ``max_rows`` rows (spills go to a private scratch
+folder).
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import re
 import shutil
 import tempfile
 import threading
-import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -41,8 +41,10 @@ from typing import Any, TypeVar
 
 import duckdb
 import pyarrow as pa
+import pyarrow.ipc as pa_ipc
 import pyarrow.parquet as pq
 
+from sorl_monitor import sql_sandbox
 from sorl_monitor.logs import (
     ForeignRun,
     LogFormatError,
@@ -55,6 +57,7 @@ from sorl_monitor.logs import (
     is_run_dir,
     read_source,
 )
+from sorl_monitor.logs.guards import check_path
 from sorl_monitor.logs.table import unique_ids
 from sorl_monitor.schema import (
     PART_GLOB,
@@ -65,12 +68,21 @@ from sorl_monitor.schema import (
     type_conflicts,
     visible_parts,
 )
+from sorl_monitor.sql_sandbox import (
+    QUERY_MISTAKES,
+    Request,
+    SandboxError,
+    SandboxLimit,
+    SandboxPool,
+    confine,
+    memory_bytes,
+    run_in_child,
+    temp_folder,
+)
 from sorl_monitor.storage import StorageError, is_remote, mirror_down
 from sorl_monitor.verdict_table import VERDICT_COLUMNS, read_verdicts, verdict_table
 from sorl_monitor.writer import check_setting
 
-QUERY_MISTAKES = (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException)
-"""Errors in the query itself; any other error may come from an unreadable part and triggers a full read."""
 RUN_COLUMNS = pa.schema(
     [
         pa.field("run_id", pa.string()),
@@ -90,8 +102,6 @@ RUN_COLUMNS = pa.schema(
 
 USER_SQL_TIMEOUT_S = 120.0
 """Default time limit of a user's statement (``RunSet.user_sql``)."""
-RESULT_ERRORS = (duckdb.ConversionException, duckdb.OutOfRangeException)
-"""Errors in what a query computes (``to_timestamp`` out of range): reported, never retried."""
 
 
 def default_memory_limit() -> str:
@@ -308,8 +318,10 @@ class RunSet:
         self.log_options = log_options
         """What the user told the log readers (``--map``, ``--logging-steps``: ``logs.options``)."""
         try:
+            for root in self.roots:
+                check_path(root)
             self.format = check_format(fmt)
-        except LogFormatError as error:
+        except (LogFormatError, ValueError) as error:
             raise QueryError(str(error)) from None
         self.run_dirs = find_runs(self.roots, fmt)
         self._logs: dict[LogSource, _ForeignLog] = {}
@@ -338,23 +350,24 @@ class RunSet:
         (as large as the limit at most), then fail with a one-line ``QueryError``."""
         self._scratch = tempfile.mkdtemp(prefix="sorl-query-")
         weakref.finalize(self, shutil.rmtree, self._scratch, ignore_errors=True)
+        folders = {p.resolve() for p in self.roots if p.is_dir()}
+        self._allowed = sorted({str(p) for p in folders} | {str(p) for p in self.run_dirs})
         try:
-            for setting, value in [
-                ("memory_limit", self.memory_limit),
-                ("max_temp_directory_size", self.memory_limit),
-                ("temp_directory", self._scratch),  # DuckDB lets SQL read its temp folder (default ./.tmp)
-            ]:
-                self.con.execute(f"SET {setting} = $value", {"value": value})
+            confine(self.con, memory_limit=self.memory_limit, temp_dir=self._scratch, allowed=self._allowed)
         except duckdb.Error as error:
             self.con.close()
             raise QueryError(f"bad memory limit {self.memory_limit!r}: {_first_line(error)}") from None
-        folders = {p.resolve() for p in self.roots if p.is_dir()}
-        allowed = sorted({str(p) for p in folders} | {str(p) for p in self.run_dirs})
-        self.con.execute("SET allowed_directories = $dirs", {"dirs": allowed})
-        self.con.execute("SET enable_external_access = false")
-        self.con.execute("SET autoinstall_known_extensions = false")
-        self.con.execute("SET autoload_known_extensions = false")
-        self.con.execute("SET lock_configuration = true")
+        (shown_limit,) = self.con.execute("SELECT current_setting('memory_limit')").fetchone() or ("",)
+        self._memory_limit_bytes = memory_bytes(str(shown_limit))
+        self._views: dict[str, str] = {}
+        """The ``SELECT`` behind each view, as created (a user's statement rebuilds them in its child)."""
+        self._tables: dict[str, tuple[pa.Table, int]] = {}
+        """Each in-memory table and its serial number (its Arrow file for a child is named by it)."""
+        self._serial = 0
+        self._statements_running = 0
+        self._sandboxes = SandboxPool()
+        weakref.finalize(self, self._sandboxes.close)
+        self._just_listed = True  # the first refresh does not find and detect every log a second time
         self.refresh()
 
     # ------------------------------------------------------------------ views
@@ -364,7 +377,9 @@ class RunSet:
         with self._lock:
             for uri, options in self._remote:
                 _mirrored(uri, options)
-            if any(p.is_dir() and not is_run_dir(p) for p in self.roots):
+            if self._just_listed:
+                self._just_listed = False
+            elif any(p.is_dir() and not is_run_dir(p) for p in self.roots):
                 self.run_dirs = list(dict.fromkeys(self.run_dirs + find_runs(self.roots, self.format)))
                 self._read_foreign_logs(find_foreign_logs(self.roots, self.format))
             else:
@@ -398,8 +413,11 @@ class RunSet:
             try:
                 runs = read_source(source, self.log_options)
             except LogFormatError as error:
-                if known is None:
+                if known is None and source.path in self._named_files():
                     raise QueryError(str(error)) from None
+                if known is None:  # one bad log among those found in a folder: the others still read
+                    warnings.warn(f"skipping {source.path}: {error}", CorruptPartWarning, stacklevel=3)
+                    continue
                 warnings.warn(
                     f"keeping the last read of {source.path}: {error}", CorruptPartWarning, stacklevel=3
                 )
@@ -410,6 +428,10 @@ class RunSet:
             runs = [run for log in self._logs.values() for run in log.runs]
             unique_ids(runs, taken={path.name for path in self.run_dirs})
             self.foreign = {run.run_id: run for run in runs}
+
+    def _named_files(self) -> set[Path]:
+        """The logs given by path (not found in a folder): one of them that does not read is an error."""
+        return {root.resolve() for root in self.roots if not root.is_dir()}
 
     def files(self, table: str) -> tuple[str, ...]:
         """The readable part files behind a view."""
@@ -544,10 +566,10 @@ class RunSet:
             parquet = "SELECT * FROM read_parquet($files, hive_partitioning = true, union_by_name = true)"
             union = f" UNION ALL BY NAME SELECT * FROM {known}"
             union += f" UNION ALL BY NAME SELECT * FROM {FOREIGN_STEPS}" if foreign else ""
-            self.con.execute(f"CREATE VIEW {table} AS {parquet}{union}".replace("$files", _sql_list(files)))
+            self._create_named_view(table, f"{parquet}{union}".replace("$files", _sql_list(files)))
         elif foreign:
             self._drop(table)
-            self.con.execute(f"CREATE VIEW {table} AS SELECT * FROM {FOREIGN_STEPS}")
+            self._create_named_view(table, f"SELECT * FROM {FOREIGN_STEPS}")
         else:
             self._store_table(table, empty_table(table))
 
@@ -556,14 +578,22 @@ class RunSet:
         """Replace views and tables in one transaction: a query on another cursor (``user_sql``, which holds
         no lock) sees them before or after, never missing."""
         self.con.begin()
+        views, tables = dict(self._views), dict(self._tables)
         try:
             yield
         except BaseException:
             self.con.rollback()
+            self._views, self._tables = views, tables
             raise
         self.con.commit()
 
+    def _create_named_view(self, name: str, select: str) -> None:
+        self.con.execute(f"CREATE VIEW {name} AS {select}")
+        self._views[name] = select
+
     def _drop(self, name: str) -> None:
+        self._views.pop(name, None)
+        self._tables.pop(name, None)
         kinds = self.con.execute(
             "SELECT table_type FROM information_schema.tables WHERE table_name = $name", {"name": name}
         ).fetchall()
@@ -576,6 +606,8 @@ class RunSet:
         self.con.register("_sorl_incoming", data)
         self.con.execute(f"CREATE TABLE {name} AS SELECT * FROM _sorl_incoming")
         self.con.unregister("_sorl_incoming")
+        self._serial += 1
+        self._tables[name] = (data, self._serial)
 
     def _register_runs(self) -> None:
         rows = []
@@ -659,31 +691,38 @@ class RunSet:
     ) -> pa.Table:
         """Run a user's read-only statement (``sorl query``, a dashboard's SQL box) and return an Arrow table.
 
-        It runs on a cursor of its own without holding the run set's lock (a ``refresh`` never waits for it),
-        is stopped after ``timeout_s`` seconds or soon after another thread sets ``cancel``, is bounded by
-        ``memory_limit``, and fetches at most ``max_rows`` rows (ask for one more to learn whether there are
-        more). Any problem, a time or memory limit hit or a cancel included, is a one-line ``QueryError``.
+        It runs in a child process (``sql_sandbox``) over the views as last refreshed, with one DuckDB
+        thread, without holding the run set's lock (a ``refresh`` never waits for it); the child is killed
+        after ``timeout_s`` seconds, within 0.05 s of another thread setting ``cancel``, or once its memory
+        passes ``memory_limit`` (plus the interpreter's), and at most ``max_rows`` rows are fetched (ask for
+        one more to learn whether there are more). Any problem, a time or memory limit hit or a cancel
+        included, is a one-line ``QueryError``.
         """
         check_setting("timeout_s", timeout_s, above=0)
         if max_rows is not None:
             check_setting("max_rows", max_rows, least=0, integer=True)
-        check_read_only(query)
-        for attempt in range(READ_ATTEMPTS):
+        for attempt in range(READ_ATTEMPTS):  # the child checks it is read-only (parsing takes time too)
             try:
                 return self._run_limited(query, params, timeout_s, max_rows, cancel)
-            except (*QUERY_MISTAKES, *RESULT_ERRORS) as error:
-                raise QueryError(f"bad SQL: {_first_line(error)}") from None
-            except duckdb.OutOfMemoryException:
-                raise QueryError(f"query stopped at its memory limit of {self.memory_limit}") from None
-            except duckdb.InterruptException:
-                raise
-            except duckdb.Error as error:  # as in ``sql``: a part compacted away or corrupt
-                with self._lock:
+            except SandboxLimit as stop:
+                if stop.reason == "time":
+                    raise QueryError(f"query stopped at its time limit of {timeout_s:g} s") from None
+                if stop.reason == "memory":
+                    raise QueryError(f"query stopped at its memory limit of {self.memory_limit}") from None
+                raise QueryError("query stopped") from None
+            except SandboxError as error:
+                if error.kind == "memory":
+                    raise QueryError(f"query stopped at its memory limit of {self.memory_limit}") from None
+                if error.kind == "refused":
+                    raise QueryError(str(error)) from None
+                if error.kind != "read":  # bad SQL, a bad value, or a child that died
+                    raise QueryError(f"bad SQL: {error}") from None
+                with self._lock:  # as in ``sql``: a part compacted away or corrupt
                     retry = attempt < READ_ATTEMPTS - 1 and (
                         self.refresh() or self._skip_parts_that_do_not_read()
                     )
                 if not retry:
-                    raise QueryError(f"bad SQL: {_first_line(error)}") from None
+                    raise QueryError(f"bad SQL: {error}") from None
         raise AssertionError("unreachable")
 
     def _run_limited(
@@ -695,36 +734,51 @@ class RunSet:
         cancel: threading.Event | None,
     ) -> pa.Table:
         with self._lock:
-            cursor = self.con.cursor()
-        finished, expired = threading.Event(), threading.Event()
-
-        def watch() -> None:
-            """Interrupt the statement at its time limit, or within 0.1 s of ``cancel`` being set."""
-            deadline = time.monotonic() + timeout_s
-            while not finished.wait(min(0.1, max(deadline - time.monotonic(), 0.0))):
-                cancelled = cancel is not None and cancel.is_set()
-                if cancelled or time.monotonic() >= deadline:
-                    if not cancelled:
-                        expired.set()
-                    with contextlib.suppress(duckdb.Error):
-                        cursor.interrupt()
-                    return
-
-        threading.Thread(target=watch, name="sorl-sql-limit", daemon=True).start()
+            self._serial += 1
+            self._statements_running += 1
+            serial = self._serial
+            tables, views = dict(self._tables), list(self._views.items())
+        table_files = []
+        for name, (data, table_serial) in tables.items():
+            path = os.path.join(self._scratch, f"table-{table_serial}.arrow")
+            if not os.path.exists(path):
+                _write_arrow_file(data, path)
+            table_files.append((name, path))
+        request = Request(
+            query=query,
+            params=params,
+            max_rows=max_rows,
+            memory_limit=self.memory_limit,
+            temp_dir=temp_folder(self._scratch, serial),
+            allowed=self._allowed,
+            tables=table_files,
+            views=views,
+            result_path=os.path.join(self._scratch, f"result-{serial}.arrow"),
+        )
         try:
-            relation = cursor.sql(query, params=params or None)
-            if relation is None:
-                return pa.table({})
-            return (relation if max_rows is None else relation.limit(max_rows)).to_arrow_table()
-        except (duckdb.InterruptException, RuntimeError):
-            if expired.is_set():
-                raise QueryError(f"query stopped at its time limit of {timeout_s:g} s") from None
-            if cancel is not None and cancel.is_set():
-                raise QueryError("query stopped") from None
-            raise
+            return run_in_child(
+                self._sandboxes.take(),
+                request,
+                timeout_s=timeout_s,
+                memory_limit_bytes=self._memory_limit_bytes,
+                cancel=cancel,
+            )
         finally:
-            finished.set()
-            cursor.close()
+            shutil.rmtree(request.temp_dir, ignore_errors=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(request.result_path)
+            self._remove_old_table_files()
+
+    def _remove_old_table_files(self) -> None:
+        """Delete the Arrow files of tables replaced since, once no statement may still read them."""
+        with self._lock:
+            self._statements_running -= 1
+            if self._statements_running:
+                return
+            current = {f"table-{serial}.arrow" for _, serial in self._tables.values()}
+            for path in Path(self._scratch).glob("table-*.arrow"):
+                if path.name not in current:
+                    path.unlink(missing_ok=True)
 
     def _run(self, query: str, params: dict[str, Any] | None) -> pa.Table:
         relation = self.con.cursor().sql(query, params=params or None)
@@ -766,6 +820,7 @@ class RunSet:
         return [row["column_name"] for row in self.sql(f"DESCRIBE {name}").to_pylist()]
 
     def close(self) -> None:
+        self._sandboxes.close()
         self.con.close()
         shutil.rmtree(self._scratch, ignore_errors=True)
 
@@ -826,47 +881,10 @@ def foreign_steps(runs: Iterable[ForeignRun]) -> pa.Table:
 
 def check_read_only(query: str) -> None:
     """``QueryError`` unless ``query`` is one read-only statement (``SELECT``, or ``EXPLAIN`` of one)."""
-    if not query or not query.strip():
-        raise QueryError("empty SQL")
     try:
-        statements = duckdb.extract_statements(query)
-        kind = statement_kind(query) if len(statements) == 1 else None
-    except duckdb.Error as error:
-        raise QueryError(f"bad SQL: {_first_line(error)}") from None
-    if kind is None:
-        raise QueryError(f"give one statement, not {len(statements)}")
-    if kind is not duckdb.StatementType.SELECT:
-        raise QueryError(
-            f"only read-only queries (SELECT, EXPLAIN) are allowed; refused a {kind.name} statement"
-        )
-
-
-def statement_kind(query: str) -> duckdb.StatementType:
-    """The type of a single statement; for ``EXPLAIN [ANALYZE] [(options)] X``, the type of ``X``.
-
-    ``EXPLAIN ANALYZE`` runs the statement it explains, so ``EXPLAIN ANALYZE COPY … TO …`` writes a
-    file: an EXPLAIN is only as read-only as what it explains.
-    """
-    statement = duckdb.extract_statements(query)[0]
-    if statement.type is not duckdb.StatementType.EXPLAIN:
-        return statement.type
-    tokens = duckdb.tokenize(query)
-    ends = [start for start, _ in tokens[1:]] + [len(query)]
-    words = [
-        (start, query[start:end].strip().upper())
-        for (start, kind), end in zip(tokens, ends, strict=True)
-        if kind is not duckdb.token_type.comment
-    ]
-    index = 1  # words[0] is EXPLAIN
-    if index < len(words) and words[index][1] == "(":
-        while index < len(words) and words[index][1] != ")":
-            index += 1
-        index += 1
-    if index < len(words) and words[index][1] in {"ANALYZE", "ANALYSE"}:
-        index += 1
-    if index >= len(words):
-        return duckdb.StatementType.EXPLAIN
-    return statement_kind(query[words[index][0] :])
+        sql_sandbox.check_read_only(query)
+    except sql_sandbox.RefusedStatement as error:
+        raise QueryError(str(error)) from None
 
 
 def _has(table: pa.Table, schema: pa.Schema) -> bool:
@@ -875,6 +893,14 @@ def _has(table: pa.Table, schema: pa.Schema) -> bool:
 
 def _sql_list(items: Iterable[str]) -> str:
     return "[" + ", ".join("'" + item.replace("'", "''") + "'" for item in items) + "]"
+
+
+def _write_arrow_file(data: pa.Table, path: str) -> None:
+    """``data`` as an Arrow file at ``path``, written under another name and renamed into place."""
+    partial = f"{path}.{threading.get_ident()}.partial"
+    with pa_ipc.new_file(partial, data.schema) as writer:
+        writer.write_table(data)
+    os.replace(partial, path)
 
 
 def _first_line(error: Exception) -> str:
@@ -931,8 +957,24 @@ def run_overview(runs: RunSet, stale_after_s: float = STALE_AFTER_S) -> pa.Table
     return runs.sql(RUN_OVERVIEW_SQL, {"stale_after": stale_after_s})
 
 
+SUMMARY_COLUMNS_PER_QUERY = 64
+"""Columns summarised by one statement. The run's rows are read from ``steps`` once, then summarised in
+statements of this many columns over those rows: one statement per column over the ``steps`` view, in one
+``UNION ALL``, took time that grew faster than the number of columns (200: 6.6 s, 1,000: 74 s)."""
+SUMMARY_SQL = "SELECT {aggregates} FROM run_rows"
+SUMMARY_AGGREGATES = (
+    "count({q}) AS n_{i}, min({q})::DOUBLE AS min_{i}, median({q})::DOUBLE AS median_{i}, "
+    "max({q})::DOUBLE AS max_{i}, arg_max({q}, step)::DOUBLE AS last_{i}"
+)
+SUMMARY_SCHEMA = pa.schema(
+    [("metric", pa.string()), ("n", pa.int64())]
+    + [(k, pa.float64()) for k in ("min", "median", "max", "last")]
+)
+
+
 def metric_summary(runs: RunSet, run_id: str) -> pa.Table:
-    """Per numeric ``steps`` column of one run: count, min, median, max and last value (by step)."""
+    """Per numeric ``steps`` column of one run: count, min, median, max and last value (by step), in time
+    linear in the number of columns (``SUMMARY_COLUMNS_PER_QUERY``)."""
     described = runs.sql("DESCRIBE steps").to_pylist()
     numeric = [
         row["column_name"]
@@ -941,13 +983,23 @@ def metric_summary(runs: RunSet, run_id: str) -> pa.Table:
         and row["column_name"]
         not in {"rank", "step", "iteration", "ppo_epoch", "minibatch", "policy_lag", "wall_time"}
     ]
-    parts = [
-        f"SELECT '{name}' AS metric, count({q}) AS n, min({q})::DOUBLE AS min, median({q})::DOUBLE AS median, "
-        f"max({q})::DOUBLE AS max, arg_max({q}, step)::DOUBLE AS last FROM steps WHERE run_id = $run"
-        for name in numeric
-        for q in [f'"{name}"']
-    ]
-    if not parts:
+    if not numeric:
         return pa.table({"metric": pa.array([], pa.string())})
-    table = runs.sql(" UNION ALL ".join(parts), {"run": run_id})
-    return table.filter(pa.compute.greater(table["n"], 0))
+    quoted = ['"' + name.replace('"', '""') + '"' for name in numeric]
+    run_rows = runs.sql(f"SELECT step, {', '.join(quoted)} FROM steps WHERE run_id = $run", {"run": run_id})
+    summaries = []
+    with duckdb.connect() as summariser:
+        summariser.register("run_rows", run_rows)
+        for start in range(0, len(numeric), SUMMARY_COLUMNS_PER_QUERY):
+            batch = range(start, min(start + SUMMARY_COLUMNS_PER_QUERY, len(numeric)))
+            aggregates = ", ".join(SUMMARY_AGGREGATES.format(q=quoted[i], i=i) for i in batch)
+            (values,) = summariser.sql(SUMMARY_SQL.format(aggregates=aggregates)).to_arrow_table().to_pylist()
+            summaries += [
+                {
+                    "metric": numeric[i],
+                    **{key: values[f"{key}_{i}"] for key in ("n", "min", "median", "max", "last")},
+                }
+                for i in batch
+                if values[f"n_{i}"]
+            ]
+    return pa.Table.from_pylist(summaries, schema=SUMMARY_SCHEMA)

@@ -40,7 +40,11 @@ def _fmt(value: Any) -> str:
 def verdict_html(verdict: Verdict) -> str:
     """The verdict as a small HTML block: timeline, root cause, remedy, top alerts."""
     collapse = (
-        f"step {verdict.collapse_step} ({verdict.collapse_reason})" if verdict.collapsed else "none: healthy"
+        f"step {verdict.collapse_step} ({verdict.collapse_reason})"
+        if verdict.collapsed
+        else "not judged: no reward logged"
+        if verdict.status == "not_judged"
+        else "none: healthy"
     )
     lead = f"{verdict.lead_time} steps" if verdict.lead_time is not None else "—"
     cause = (

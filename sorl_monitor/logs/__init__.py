@@ -120,19 +120,33 @@ def _folder_logs(folder: Path, fmt: str | None, root: Path, depth: int) -> list[
     own = detect_folder(folder)
     if own == "sorl" and is_run_dir(folder):
         return []
-    if own not in (None, "sorl") and fmt in (None, own):
-        return [LogSource(folder, own, _name(folder, own, root))]
     found = []
+    is_log = own not in (None, "sorl") and fmt in (None, own)
+    if is_log:
+        found.append(LogSource(folder, own, _name(folder, own, root)))
+        if own != "tensorboard":  # TensorBoard: each folder with event files is a run, its sub-folders too
+            return found
     for child in sorted(folder.iterdir()):
-        if child.name.startswith("."):
+        if child.name.startswith(".") or _links_inside(child, root):
             continue
-        if child.is_file():
+        if child.is_file() and not is_log:
             kind = detect_file(child)
             if kind is not None and fmt in (None, kind):
                 found.append(LogSource(child, kind, _name(child, kind)))
         elif child.is_dir() and depth > 0:
             found.extend(_folder_logs(child, fmt, root, depth - 1))
     return found
+
+
+def _links_inside(child: Path, root: Path) -> bool:
+    """Whether ``child`` is a symbolic link to a file or folder under ``root`` (the walk finds that one itself:
+    ``latest -> run-1`` would list the run twice, a link back to a parent once per level)."""
+    if not child.is_symlink():
+        return False
+    try:
+        return child.resolve().is_relative_to(root)
+    except (OSError, RuntimeError):  # a link loop that does not resolve
+        return True
 
 
 def _name(path: Path, fmt: str, root: Path | None = None) -> str:

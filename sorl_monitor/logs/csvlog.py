@@ -22,7 +22,9 @@ def read_table(path: Path) -> pa.Table:
     width = len(csv_header(path.read_bytes()[: 1 << 16]))
     data = complete_lines(path, lambda line: len(csv_header(line)) == width)
     try:
-        return pacsv.read_csv(io.BytesIO(data), convert_options=CONVERT)
+        # a block holds whole rows: as large as the file (at least pyarrow's 1 MiB), so a long cell reads
+        read = pacsv.ReadOptions(block_size=max(1 << 20, min(len(data) + 1, 1 << 30)))
+        return pacsv.read_csv(io.BytesIO(data), read_options=read, convert_options=CONVERT)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
         raise LogFormatError(f"cannot read {path} as CSV: {str(error).splitlines()[0]}") from None
 

@@ -27,9 +27,13 @@ import struct
 from pathlib import Path
 
 from sorl_monitor.logs import hf, hf_console, mlflow, row_kinds, tensorboard, verl_console, wandb
-from sorl_monitor.logs.sniff import csv_header, first_json_line, first_list_item, head, text_kind
+from sorl_monitor.logs.guards import json_loads
+from sorl_monitor.logs.sniff import HEAD_BYTES, csv_header, first_json_line, first_list_item, head, text_kind
 from sorl_monitor.logs.table import step_column
 from sorl_monitor.schema import RUN_FILE, TABLES
+
+LONG_HEAD_BYTES = 1 << 20
+"""How much of a file is read to find its first line when that line is longer than ``sniff.HEAD_BYTES``."""
 
 
 def is_run_dir(path: Path) -> bool:
@@ -77,6 +81,8 @@ def _structured_file_format(path: Path) -> str | None:
     if path.suffix == wandb.OFFLINE_SUFFIX:
         return "wandb"
     start = head(path)
+    if len(start) == HEAD_BYTES and b"\n" not in start and start.lstrip().startswith(b"{"):
+        start = head(path, LONG_HEAD_BYTES)  # a first line longer than the head: W&B rows with many columns
     kind = text_kind(start)
     if kind == "csv":
         header = csv_header(start)
@@ -112,7 +118,7 @@ def _json_document_format(path: Path, start: bytes) -> str | None:
     if b'"log_history"' in start:
         return "hf"
     try:
-        document = json.loads(path.read_bytes())
+        document = json_loads(path.read_bytes())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
     if isinstance(document, dict):

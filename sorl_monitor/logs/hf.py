@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from sorl_monitor.logs.guards import json_loads
 from sorl_monitor.logs.table import (
     NO_STEPS,
     ForeignRun,
@@ -66,7 +67,7 @@ def read(path: Path, name: str) -> list[ForeignRun]:
     if file is None:
         raise LogFormatError(f"{path} holds no {STATE_FILE} (nor checkpoint-*/{STATE_FILE})")
     try:
-        document = json.loads(file.read_bytes())
+        document = json_loads(file.read_bytes())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise LogFormatError(f"cannot read {file} as JSON: {error}") from None
     state = document if isinstance(document, dict) else {}

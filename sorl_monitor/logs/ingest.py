@@ -12,12 +12,12 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sorl_monitor.integrations.names import guess_family, map_metrics
+from sorl_monitor.logs.guards import json_loads
 from sorl_monitor.logs.table import (
     DROPPED_COLUMNS,
     ForeignRun,
@@ -53,7 +53,7 @@ def parse_flat_line(line: bytes) -> tuple[int, dict[str, Any]]:
     """``(step, metrics)`` of one flat JSON line (nested objects flattened, the step column and W&B
     bookkeeping removed); ``ValueError`` if it is not an object with an integer step."""
     try:
-        record = json.loads(line)
+        record = json_loads(line)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ValueError(f"not JSON ({error})") from None
     if not isinstance(record, dict):
@@ -71,18 +71,40 @@ def parse_flat_line(line: bytes) -> tuple[int, dict[str, Any]]:
 
 
 class _Names:
-    """Maps each row with one family, guessed from the first row's names (``train/`` prefix as the readers
-    treat it), unless given."""
+    """Maps each row with one family, unless given: guessed from every name the log has had so far (``learn``:
+    the whole file as it is when ingest starts, then each new name as it arrives), as the readers guess it
+    from every column of a log read in place (``train/`` prefix as they treat it)."""
 
     def __init__(self, family: str | Mapping[str, str] | None) -> None:
-        self.family = family
-        self.renamed: dict[str, str] | None = None if family == "auto" else {}
+        self.guessing = family == "auto"
+        self.family = None if self.guessing else family
+        self.renamed: dict[str, str] = {}
+        self.seen: set[str] = set()
+
+    def learn(self, names: Iterable[str]) -> None:
+        """Take ``names`` into the guess (a name not seen before may change the family)."""
+        new = set(names) - self.seen
+        if not self.guessing or not new:
+            return
+        self.seen |= new
+        self.renamed = without_trainer_prefix(sorted(self.seen))
+        self.family = guess_family(self.renamed.values())
 
     def __call__(self, data: Mapping[str, Any]) -> dict[str, Any]:
-        if self.renamed is None:
-            self.renamed = without_trainer_prefix(list(data))
-            self.family = guess_family(self.renamed.values())
+        self.learn(data)
         return map_metrics({self.renamed.get(k, k): v for k, v in data.items()}, self.family)
+
+
+def _names_in(path: str | os.PathLike[str], parse: LineParser) -> set[str]:
+    """Every metric name of the file's lines as they are now (lines that do not parse left out)."""
+    names: set[str] = set()
+    with open(path, "rb") as handle:
+        for line in handle:
+            try:
+                names.update(parse(line)[1])
+            except ValueError:
+                continue
+    return names
 
 
 def ingest_lines(
@@ -98,83 +120,161 @@ def ingest_lines(
     poll_s: float = 0.5,
     stop: threading.Event | None = None,
 ) -> IngestReport:
-    """Write each line's record with ``step > after_step`` as one ``steps`` row (names mapped with
-    ``family``; ``"auto"``: guessed from the first record). With ``merge_lines``, consecutive lines of one
-    step are one row (written when a later step starts or the file's end is reached; a line of a step
-    already written is skipped).
+    """Write each line's record with ``step > after_step`` as a ``steps`` row (names mapped with ``family``;
+    ``"auto"``: guessed from every name in the file, as a reader in place guesses it). With ``merge_lines``,
+    consecutive lines of one step are one row. Nothing is dropped for its order: a line of a step written
+    before (a late line, a step out of order) is a row of its own, which readers merge with the step's other
+    rows (``step_rows``).
 
-    With ``follow``, keep reading as the file grows (an incomplete last line waits for its end; a file that
-    shrinks — verl reopens it with ``"wb"`` on restart — is read again from the start, steps already
-    written skipped) until ``stop`` is set or nothing new arrives for ``idle_timeout_s``. Rows are flushed
-    after each read, so a follower's rows reach disk as they come.
+    With ``follow``, keep reading as the file grows (an incomplete last line waits for its end) until ``stop``
+    is set or nothing new arrives for ``idle_timeout_s``; rows are flushed after each read. A file replaced at
+    its path (rotated: another inode) is read to its end, then the new file from its start; a file rewritten
+    in place (shorter than what was read, or its bytes before the read position changed: verl reopens it
+    with ``"wb"`` on restart) is read again from its start. After either, steps up to the last one written
+    are skipped as already ingested (a restarted trainer logs them again).
     """
     names = _Names(family)
+    names.learn(_names_in(path, parse))
     report = IngestReport()
-    last_step = after_step
-    position = 0
-    line_number = 0
-    idle_since = time.monotonic()
-    pending: list[bytes] = []  # the chunks of the line being read
+    skip_upto = after_step  # lines of these steps are already in the run
+    written_upto = after_step
     held: tuple[int, dict[str, Any]] | None = None
 
     def write(step: int, data: Mapping[str, Any]) -> None:
+        nonlocal written_upto
         monitor.log_scalars(step, names(data), names=None)
+        written_upto = max(written_upto, step)
         report.rows += 1
         if report.rows % FLUSH_EVERY_ROWS == 0:
             monitor.flush()
 
-    with open(path, "rb") as handle:
+    def take(line: bytes, number: int) -> None:
+        nonlocal held
+        report.lines += 1
+        try:
+            step, data = parse(line)
+        except ValueError as error:
+            report.bad_lines.append(number)
+            report.first_error = report.first_error or f"line {number}: {error}"
+            return
+        if step <= skip_upto:
+            report.already_ingested += 1
+            return
+        if held is not None and step == held[0]:
+            held[1].update(data)
+            return
+        if held is not None:
+            write(*held)
+        held = (step, dict(data))
+        if not merge_lines:
+            write(*held)
+            held = None
+
+    reader = _LineReader(path)
+    idle_since = time.monotonic()
+    try:
         while True:
-            if Path(path).stat().st_size < position:  # truncated and rewritten: start over
-                handle.seek(0)
-                position, line_number, pending = 0, 0, []
-            chunk = handle.read(1 << 20)
-            position += len(chunk)
-            *lines, tail = chunk.split(b"\n")
-            if lines:  # a line's chunks are joined once, when its end arrives: linear in its length
-                lines[0] = b"".join([*pending, lines[0]])
-                pending = []
-            if tail:
-                pending.append(tail)
-            if not follow and not chunk and pending:
-                lines, pending = [b"".join(pending)], []  # the last line has no newline: it is complete
-            for line in lines:
-                line_number += 1
-                if not line.strip():
-                    continue
-                report.lines += 1
-                try:
-                    step, data = parse(line)
-                except ValueError as error:
-                    report.bad_lines.append(line_number)
-                    report.first_error = report.first_error or f"line {line_number}: {error}"
-                    continue
-                if held is not None and step == held[0]:
-                    held[1].update(data)
-                    continue
-                if step <= last_step:
-                    report.already_ingested += 1
-                    continue
+            if follow and (change := reader.changed_under_it()) is not None:
+                for number, line in reader.rest() if change == "replaced" else []:
+                    if line.strip():
+                        take(line, number)  # the old file is done: its lines to its end, the last one whole
                 if held is not None:
                     write(*held)
-                held, last_step = (step, dict(data)), step
-                if not merge_lines:
-                    write(*held)
                     held = None
-            if not chunk and held is not None:
+                skip_upto = max(skip_upto, written_upto)
+                reader.reopen()
+            lines = reader.read(final=not follow)
+            for number, line in lines:
+                if line.strip():
+                    take(line, number)
+            if reader.at_end and held is not None:
                 write(*held)
                 held = None
+            if lines or reader.at_end:
                 monitor.flush()
             if lines:
-                monitor.flush()
                 idle_since = time.monotonic()
-            if chunk:
+            if not reader.at_end:
                 continue
             if not follow or (stop is not None and stop.is_set()):
                 return report
             if idle_timeout_s is not None and time.monotonic() - idle_since > idle_timeout_s:
                 return report
             time.sleep(poll_s)
+    finally:
+        reader.close()
+
+
+class _LineReader:
+    """The complete lines of a file as it grows, in chunks (a long line is joined once: linear in its length),
+    with what ``ingest_lines`` needs to notice a file replaced or rewritten under it."""
+
+    CHUNK = 1 << 20
+    CHECK_BYTES = 64
+    """Bytes before the read position compared at each poll: changed bytes mean the file was rewritten."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = path
+        self.handle = open(path, "rb")  # noqa: SIM115 - closed by close(); reopened on rotation
+        self.position = 0
+        self.line_number = 0
+        self.pending: list[bytes] = []
+        self.last_bytes = b""
+        self.at_end = False
+
+    def changed_under_it(self) -> str | None:
+        """``replaced`` if the path now holds another file (the old one is then read to its end: ``rest``),
+        ``rewritten`` if the file was cut or its bytes before the read position changed, else None."""
+        try:
+            now = os.stat(self.path)
+        except OSError:
+            return None  # between a rename and the new file's creation: keep reading the old one
+        mine = os.fstat(self.handle.fileno())
+        if (now.st_ino, now.st_dev) != (mine.st_ino, mine.st_dev):
+            return "replaced"
+        if mine.st_size < self.position:
+            return "rewritten"
+        start = self.position - len(self.last_bytes)
+        if self.last_bytes and os.pread(self.handle.fileno(), len(self.last_bytes), start) != self.last_bytes:
+            return "rewritten"
+        return None
+
+    def rest(self) -> list[tuple[int, bytes]]:
+        """Every line left in the file, read to its end (a last line without a newline included)."""
+        lines = self.read(final=True)
+        while not self.at_end:
+            lines += self.read(final=True)
+        return lines
+
+    def reopen(self) -> None:
+        """Read the file at the path from its start (the old file's unfinished last line is a line of it)."""
+        self.handle.close()
+        self.handle = open(self.path, "rb")  # noqa: SIM115
+        self.position, self.line_number, self.pending, self.last_bytes = 0, 0, [], b""
+        self.at_end = False
+
+    def read(self, *, final: bool) -> list[tuple[int, bytes]]:
+        """The next complete lines with their numbers (a last line without a newline too when ``final``)."""
+        chunk = self.handle.read(self.CHUNK)
+        self.position += len(chunk)
+        self.at_end = not chunk
+        self.last_bytes = (self.last_bytes + chunk)[-self.CHECK_BYTES :]
+        *lines, tail = chunk.split(b"\n")
+        if lines:
+            lines[0] = b"".join([*self.pending, lines[0]])
+            self.pending = []
+        if tail:
+            self.pending.append(tail)
+        if final and not chunk and self.pending:
+            lines, self.pending = [b"".join(self.pending)], []  # the last line has no newline: it is complete
+        numbered = []
+        for line in lines:
+            self.line_number += 1
+            numbered.append((self.line_number, line))
+        return numbered
+
+    def close(self) -> None:
+        self.handle.close()
 
 
 def ingest_run(run: ForeignRun, monitor: Monitor, after_step: int = -1) -> IngestReport:

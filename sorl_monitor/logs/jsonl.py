@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.json as pajson
 
 from sorl_monitor.logs import row_kinds
+from sorl_monitor.logs.guards import json_loads, too_deep_lines
 from sorl_monitor.logs.sniff import complete_lines
 from sorl_monitor.logs.table import ForeignRun, LogWarning, flat_record, flatten, records_table, wide_run
 
@@ -24,7 +25,8 @@ def read_table(path: Path) -> pa.Table:
     """Every line's object as one row (a last line still being written is left out)."""
     data = complete_lines(path, _is_object)
     try:
-        return flatten(pajson.read_json(io.BytesIO(data)))
+        if not too_deep_lines(data):  # pyarrow's reader crashes the process on a line ~30,000 levels deep
+            return flatten(pajson.read_json(io.BytesIO(data)))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         pass
     records, bad = [], []
@@ -32,7 +34,7 @@ def read_table(path: Path) -> pa.Table:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = json_loads(line)
         except (UnicodeDecodeError, json.JSONDecodeError):
             record = None
         if isinstance(record, dict):
@@ -50,7 +52,7 @@ def read_table(path: Path) -> pa.Table:
 
 def _is_object(line: bytes) -> bool:
     try:
-        return isinstance(json.loads(line), dict)
+        return isinstance(json_loads(line), dict)
     except (UnicodeDecodeError, json.JSONDecodeError):
         return False
 

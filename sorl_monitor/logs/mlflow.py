@@ -9,11 +9,12 @@ Runs in the trash (``lifecycle_stage: deleted``, or under ``.trash``) are left o
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
 
-from sorl_monitor.logs.table import NO_STEPS, ForeignRun, LogFormatError, foreign_run, pivot, run_name
+from sorl_monitor.logs.table import NO_STEPS, ForeignRun, LogWarning, foreign_run, pivot, run_name
 
 META = "meta.yaml"
 RUN_NAME_TAG = "mlflow.runName"
@@ -64,23 +65,48 @@ def _texts(folder: Path) -> dict[str, str]:
 
 
 def _points(file: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(steps, values, timestamps in s)`` of one metric file (a line still being written is left out)."""
+    """``(steps, values, timestamps in s)`` of one metric file (a line still being written is left out); a
+    line that does not read (garbage, a step beyond 64 bits) is skipped, with one warning for the file."""
     data = file.read_bytes()
     data = data[: data.rfind(b"\n") + 1]
     tokens = data.split()
     if not tokens:
         return np.empty(0, np.int64), np.empty(0), np.empty(0)
     width = len(data.split(b"\n", 1)[0].split())
-    if width not in (2, 3) or len(tokens) % width:
-        raise LogFormatError(f"{file} is not an MLflow metric file (lines of: timestamp value step)")
-    fields = np.array(tokens).reshape(-1, width)
-    try:
-        steps = fields[:, 2].astype(np.int64) if width == 3 else np.zeros(len(fields), np.int64)
-        return steps, fields[:, 1].astype(np.float64), fields[:, 0].astype(np.float64) / 1000.0
-    except ValueError:
-        raise LogFormatError(
-            f"{file} is not an MLflow metric file (lines of: timestamp value step)"
-        ) from None
+    if width in (2, 3) and len(tokens) % width == 0:
+        fields = np.array(tokens).reshape(-1, width)
+        try:
+            steps = fields[:, 2].astype(np.int64) if width == 3 else np.zeros(len(fields), np.int64)
+            return steps, fields[:, 1].astype(np.float64), fields[:, 0].astype(np.float64) / 1000.0
+        except (ValueError, OverflowError):
+            pass
+    return _points_line_by_line(file, data)
+
+
+def _points_line_by_line(file: Path, data: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``_points`` one line at a time, each line that does not read skipped and counted."""
+    steps, values, seconds, bad = [], [], [], []
+    for number, line in enumerate(data.split(b"\n"), 1):
+        fields = line.split()
+        if not fields:
+            continue
+        try:
+            if len(fields) not in (2, 3):
+                raise ValueError(f"{len(fields)} fields, not: timestamp value step")
+            step = int(fields[2]) if len(fields) == 3 else 0
+            if not -(2**63) <= step < 2**63:
+                raise ValueError(f"step {fields[2].decode(errors='replace')[:40]} does not fit 64 bits")
+            point = (step, float(fields[1]), float(fields[0]) / 1000.0)
+        except ValueError as error:
+            bad.append(f"line {number}: {error}")
+            continue
+        for column, value in zip((steps, values, seconds), point, strict=True):
+            column.append(value)
+    if bad:
+        warnings.warn(
+            f"{file}: skipped {len(bad)} unreadable lines (first: {bad[0]})", LogWarning, stacklevel=4
+        )
+    return np.array(steps, np.int64), np.array(values, np.float64), np.array(seconds, np.float64)
 
 
 def read_run(folder: Path, name: str) -> ForeignRun:

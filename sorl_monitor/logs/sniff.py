@@ -9,6 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sorl_monitor.logs.guards import json_loads
+
 HEAD_BYTES = 1 << 16
 
 
@@ -44,7 +46,7 @@ def first_json_line(start: bytes) -> Any:
     for line in start.split(b"\n"):
         if line.strip():
             try:
-                return json.loads(line)
+                return json_loads(line)
             except (UnicodeDecodeError, json.JSONDecodeError):
                 return None
     return None
@@ -55,7 +57,7 @@ def first_list_item(start: bytes) -> Any:
     text = start.decode("utf-8-sig", errors="replace").lstrip()[1:].lstrip()
     try:
         return json.JSONDecoder().raw_decode(text)[0]
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return None
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sorl_monitor.integrations.names import guess_family, map_metrics, scalar
+from sorl_monitor.logs.guards import parse_number
 from sorl_monitor.schema import metric_column
 
 STEP_COLUMNS = (
@@ -142,7 +144,7 @@ def flatten(table: pa.Table) -> pa.Table:
     return table
 
 
-def one_row_per_step(table: pa.Table, step: str) -> pa.Table:
+def one_row_per_step(table: pa.Table, step: str, source: Path | None = None) -> pa.Table:
     """``table`` with its ``step`` column as ``step`` (int64), one row per step in step order.
 
     Rows without a step are dropped; rows of one step are merged, the last non-null value of each column
@@ -155,7 +157,11 @@ def one_row_per_step(table: pa.Table, step: str) -> pa.Table:
     try:
         column = column.cast(pa.int64())
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        raise LogFormatError(f"its step column {step!r} holds values that are not whole numbers") from None
+        if source is None:
+            raise LogFormatError(
+                f"its step column {step!r} holds values that are not whole numbers"
+            ) from None
+        table, column = _rows_with_64_bit_steps(table, step, source)
     table = table.drop_columns([step]).add_column(0, "step", column)
     table = table.filter(pc.is_valid(table.column("step")))
     if table.num_rows and pc.count_distinct(table.column("step")).as_py() < table.num_rows:
@@ -166,6 +172,23 @@ def one_row_per_step(table: pa.Table, step: str) -> pa.Table:
         )
     steps = table.column("step").to_numpy()
     return table if np.all(steps[1:] >= steps[:-1]) else table.sort_by("step")
+
+
+def _rows_with_64_bit_steps(table: pa.Table, step: str, source: Path) -> tuple[pa.Table, pa.ChunkedArray]:
+    """The rows whose step is a whole number that fits 64 bits, and their steps; one warning for the others."""
+    steps = table.column(step).to_pylist()
+    fits = [s is None or (float(s).is_integer() and -(2**63) <= s < 2**63) for s in steps]
+    first = next(s for s, ok in zip(steps, fits, strict=True) if not ok)
+    warnings.warn(
+        f"{source}: {fits.count(False)} rows with a step that is not a 64-bit whole number left out "
+        f"(first: {first!r})",
+        LogWarning,
+        stacklevel=4,
+    )
+    table = table.filter(pa.array(fits))
+    return table, pa.chunked_array(
+        [pa.array([int(s) if s is not None else None for s in table.column(step).to_pylist()], pa.int64())]
+    )
 
 
 def pivot(
@@ -261,11 +284,39 @@ def foreign_run(
         columns["wall_time"] = wide.column("wall_time").cast(pa.float64())
     for mapped_name, column in column_mapping(list(by_name), family):
         values = wide.column(by_name[mapped_name])
+        if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
+            values = _numbers_with_bad_cells_null(values, wide.column("step"), source, by_name[mapped_name])
         if pa.types.is_integer(values.type) or pa.types.is_null(values.type):
             values = values.cast(pa.float64())
         columns.setdefault(metric_column(column), values)
     run_info = {"status": "imported", "format": fmt, "source": str(source), **(info or {})}
     return ForeignRun(name, source, fmt, family, run_info, pa.table(columns))
+
+
+def _numbers_with_bad_cells_null(
+    values: pa.ChunkedArray, steps: pa.ChunkedArray, source: Path, name: str
+) -> pa.ChunkedArray:
+    """A text column whose cells are mostly numbers (``"0.5"``, or JSON numbers beside one ``"N/A"``) as
+    doubles, each cell that is no number null, with one warning naming the file, the column and the first
+    such cell's step; a column of mostly words stays text."""
+    texts = values.to_pylist()
+    numbers = [None if text is None else parse_number(text) for text in texts]
+    bad = [
+        i
+        for i, (text, number) in enumerate(zip(texts, numbers, strict=True))
+        if text is not None and number is None
+    ]
+    if len(bad) * 2 > len(texts) - values.null_count:
+        return values
+    if bad:
+        first = bad[0]
+        warnings.warn(
+            f"{source}: {len(bad)} cells of {name} are not numbers, read as null "
+            f"(first: step {steps[first].as_py()}: {texts[first][:40]!r})",
+            LogWarning,
+            stacklevel=5,
+        )
+    return pa.chunked_array([pa.array(numbers, pa.float64())])
 
 
 def wide_run(
@@ -284,7 +335,26 @@ def wide_run(
     )
     if wall is not None:
         table = table.rename_columns(["wall_time" if c == wall else c for c in table.column_names])
-    return foreign_run(source, fmt, name, one_row_per_step(table, step), info=info)
+    _warn_rows_without_step(source, table, step)
+    return foreign_run(source, fmt, name, one_row_per_step(table, step, source), info=info)
+
+
+def _warn_rows_without_step(source: Path, table: pa.Table, step: str) -> None:
+    """Warn (naming the columns they hold) about rows with values but no step: ``one_row_per_step`` leaves
+    them out (a W&B history's reward rows logged without ``train/global_step``)."""
+    if not table.column(step).null_count:
+        return
+    stepless = table.filter(pc.is_null(table.column(step)))
+    held = [
+        c for c in stepless.column_names if c != step and stepless.column(c).null_count < stepless.num_rows
+    ]
+    if held:
+        shown = ", ".join(held[:6]) + (f" and {len(held) - 6} more" if len(held) > 6 else "")
+        warnings.warn(
+            f"{source}: {stepless.num_rows} rows without a {step} are left out (they hold {shown})",
+            LogWarning,
+            stacklevel=4,
+        )
 
 
 def _numeric(kind: pa.DataType) -> bool:

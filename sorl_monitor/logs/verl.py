@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from sorl_monitor.logs import jsonl
+from sorl_monitor.logs.guards import json_loads
 from sorl_monitor.logs.table import ForeignRun, LogFormatError, foreign_run, one_row_per_step
 from sorl_monitor.schema import metric_column
 
@@ -14,7 +15,7 @@ from sorl_monitor.schema import metric_column
 def parse_record(line: bytes) -> tuple[int, dict[str, Any]]:
     """``(step, data)`` of one file-logger line ``{"step": N, "data": {...}}``; ``ValueError`` if it is not one."""
     try:
-        record = json.loads(line)
+        record = json_loads(line)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ValueError(f"not JSON ({error})") from None
     if not isinstance(record, dict) or "data" not in record or "step" not in record:
@@ -43,6 +44,11 @@ def read(path: Path, name: str) -> list[ForeignRun]:
     table = table.select(["step", *metrics]).rename_columns(["step", *names])
     return [
         foreign_run(
-            path, "verl", name, one_row_per_step(table, "step"), info={"algorithm": "verl"}, family="verl"
+            path,
+            "verl",
+            name,
+            one_row_per_step(table, "step", path),
+            info={"algorithm": "verl"},
+            family="verl",
         )
     ]

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sorl_monitor.logs import csvlog, jsonl
+from sorl_monitor.logs.guards import json_loads
 from sorl_monitor.logs.sniff import csv_header, first_json_line, head, text_kind
 from sorl_monitor.logs.table import (
     ForeignRun,
@@ -113,7 +114,7 @@ def _any_valid(table: pa.Table, columns: list[str]) -> pa.ChunkedArray:
 def _json_history(path: Path) -> pa.Table:
     """A history saved with ``to_json``: a list of row objects, or ``{column: {row index: value}}``."""
     try:
-        document = json.loads(path.read_bytes())
+        document = json_loads(path.read_bytes())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise LogFormatError(f"cannot read {path} as JSON: {error}") from None
     if is_columns_layout(document):
@@ -158,7 +159,7 @@ def _offline(file: Path, name: str) -> ForeignRun:
         row = {}
         for item in record.history.item:
             key = item.key or "/".join(item.nested_key)
-            value = json.loads(item.value_json)
+            value = json_loads(item.value_json)
             if isinstance(value, bool | int | float | str):
                 row[key] = value
         rows.append(row)
