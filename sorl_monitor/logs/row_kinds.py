@@ -18,6 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sorl_monitor.logs.guards import json_loads
 from sorl_monitor.logs.sniff import first_json_line, head
 from sorl_monitor.logs.table import (
     STEP_COLUMNS,
@@ -55,7 +56,7 @@ def looks_like(start: bytes, lines: int = 64) -> bool:
     rows = []
     for line in start.split(b"\n")[:lines]:
         try:
-            rows.append(json.loads(line))
+            rows.append(json_loads(line))
         except (UnicodeDecodeError, json.JSONDecodeError):
             continue
     rows = [row for row in rows if isinstance(row, dict)]

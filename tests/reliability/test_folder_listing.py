@@ -44,9 +44,9 @@ def test_each_log_is_detected_and_read_once_on_open(tmp_path, monkeypatch):
         calls["detect"] += 1
         return detect_file(path)
 
-    def counted_read(source):
+    def counted_read(source, *options):
         calls["read"] += 1
-        return read_source(source)
+        return read_source(source, *options)
 
     monkeypatch.setattr(logs, "detect_file", counted_detect)
     monkeypatch.setattr("sorl_monitor.query.read_source", counted_read)

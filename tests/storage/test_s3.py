@@ -45,7 +45,11 @@ def test_a_two_rank_run_in_s3_reads_back_identical_to_the_same_run_on_disk(s3_ro
         assert table_rows(s3_root, table) == table_rows(str(tmp_path / "disk"), table), table
     with open_runs(s3_root) as remote, open_runs(tmp_path / "disk") as local:
         skew = rank_skew(remote, "ratio_mean").to_pylist()
-        assert skew == rank_skew(local, "ratio_mean").to_pylist() and len(skew) == 2
+        assert len(skew) == 2  # means summed by DuckDB's threads: equal to the last few bits
+        for got, want in zip(skew, rank_skew(local, "ratio_mean").to_pylist(), strict=True):
+            assert got == {
+                k: pytest.approx(v, rel=1e-12) if isinstance(v, float) else v for k, v in want.items()
+            }
     with open_runs(s3_root) as runs:
         assert runs.sql("SELECT count(DISTINCT rank) AS n FROM steps").to_pylist() == [{"n": 2}]
         assert runs.sql("SELECT status FROM runs").to_pylist() == [{"status": "finished"}]
