@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import inspect
 import math
-import sys
-import types
 
 import pytest
 import torch
@@ -85,16 +83,28 @@ def test_the_ctn_term_is_lambda_times_the_clip_fraction_times_the_capped_k3():
     assert (on - off).item() == pytest.approx(8.0 * frac * k3.item(), rel=1e-5)
 
 
-def test_register_sorl_loss_registers_both_names_with_verls_registry(monkeypatch):
-    """A stand-in ``verl.trainer.ppo.core_algos`` with verl's decorator (``make test-verl``: the real one)."""
-    registry = {}
-    core_algos = types.ModuleType("verl.trainer.ppo.core_algos")
-    core_algos.register_policy_loss = lambda name: lambda fn: registry.setdefault(name, fn)
-    for name in ("verl", "verl.trainer", "verl.trainer.ppo"):
-        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
-    monkeypatch.setitem(sys.modules, "verl.trainer.ppo.core_algos", core_algos)
-    loss = register_sorl_loss(ctn="on")
-    assert set(registry) == set(LOSS_NAMES) and all(fn is loss for fn in registry.values())
+def test_register_sorl_loss_puts_both_names_in_verls_registry(verl_modules_installed):
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+
+    loss = register_sorl_loss(ctn="on", monitor=None)
+    assert all(get_policy_loss_fn(name) is loss for name in LOSS_NAMES)
+
+
+def test_inside_real_verl_the_token_level_loss_is_vanilla_under_every_aggregation(tmp_path):
+    pytest.importorskip("verl", reason="verl is not installed (make test-verl runs this against verl 0.9.1)")
+    from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla as verl_vanilla
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+    from verl.workers.config import ActorConfig
+
+    register_sorl_loss(names=("so_ppo_token_test",), turn_is=False, ctn="off", log_dir=tmp_path)
+    config = ActorConfig(strategy="fsdp", ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, rollout_n=2,
+                         clip_ratio_high=0.28)  # fmt: skip
+    for mode in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
+        batch = micro_batch(7, 10)
+        got, got_metrics = get_policy_loss_fn("so_ppo_token_test")(**batch, loss_agg_mode=mode, config=config)
+        want, want_metrics = verl_vanilla(**batch, loss_agg_mode=mode, config=config)
+        assert got.item() == pytest.approx(want.item(), rel=1e-6), mode
+        assert got_metrics["actor/pg_clipfrac"] == pytest.approx(want_metrics["actor/pg_clipfrac"])
 
 
 def test_synthetic_drift_switches_auto_ctn_on_and_the_rows_and_alerts_show_it(tmp_path):
