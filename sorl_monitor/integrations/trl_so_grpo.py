@@ -1,8 +1,9 @@
 """SO-GRPO and auto-CTN inside TRL's ``GRPOTrainer``: the remedy where the agent is trained.
 
     from sorl_monitor.integrations.trl_so_grpo import SORLGRPOConfig, SORLGRPOTrainer
-    args = SORLGRPOConfig(output_dir="out", loss_type="so_grpo", ctn="auto")
-    trainer = SORLGRPOTrainer(model=path, reward_funcs=reward, args=args, train_dataset=data, monitor=mon)
+    args = SORLGRPOConfig(output_dir="out", loss_type="so_grpo")       # GRPOConfig's fields and SO-GRPO's
+    trainer = SORLGRPOTrainer(model=path, reward_funcs=reward, args=args, train_dataset=data, monitor=mon,
+                              ctn="auto")                             # any SO-GRPO field may also come here
     trainer.train()
 
 ``loss_type="so_grpo"`` replaces TRL's policy loss by the shared objective (``sorl_monitor.objective``):
@@ -112,12 +113,15 @@ class SorlLossSettings:
     ctn_detectors: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, args: Any) -> SorlLossSettings:
-        names = [f for f in cls.__dataclass_fields__ if f != "loss_type"]
-        found = {name: getattr(args, name) for name in names if hasattr(args, name)}
+    def of(cls, args: Any, overrides: dict[str, Any] | None = None) -> SorlLossSettings:
+        """From ``args`` (a ``SORLGRPOConfig``'s fields; a plain ``GRPOConfig`` with TRL's loss: CTN off), then
+        ``overrides`` (the trainer's keyword arguments, e.g. ``ctn="auto"``)."""
+        found = {name: getattr(args, name) for name in OVERRIDABLE if hasattr(args, name)}
         settings = cls(loss_type=args.loss_type, **found)
         if not isinstance(args, SORLGRPOConfig) and args.loss_type != SO_GRPO:
-            settings.ctn = "off"  # a plain GRPOConfig with TRL's loss: the trainer is TRL's
+            settings.ctn = "off"
+        for name, value in (overrides or {}).items():
+            setattr(settings, name, value)
         return settings.check(args)
 
     def check(self, args: Any) -> SorlLossSettings:
@@ -159,6 +163,10 @@ class SorlLossSettings:
                                  turn_ratio=self.turn_ratio, ctn_kl_cap=self.ctn_kl_cap)  # fmt: skip
 
 
+OVERRIDABLE = tuple(name for name in SorlLossSettings.__dataclass_fields__ if name != "loss_type")
+"""The settings a trainer also takes as keyword arguments (``SORLGRPOTrainer(..., ctn="auto")``)."""
+
+
 def loss_mask(inputs: dict[str, Any]) -> Tensor:
     """The tokens the loss trains on: ``completion_mask × tool_mask`` (tool outputs are 0 in ``tool_mask``)."""
     mask = inputs["completion_mask"]
@@ -186,8 +194,9 @@ class SORLLossMixin:
     ``SORLGRPOMixin``, which is both)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        overrides = {name: kwargs.pop(name) for name in list(kwargs) if name in OVERRIDABLE}
         super().__init__(*args, **kwargs)
-        self.sorl = SorlLossSettings.of(self.args)  # type: ignore[attr-defined]
+        self.sorl = SorlLossSettings.of(self.args, overrides)  # type: ignore[attr-defined]
         s = self.sorl
         detectors = detector_config(dict(s.ctn_detectors), DetectorConfig())
         self.ctn_guard = (CtnGuard(detectors, quiet_updates=s.ctn_quiet_updates, start_active=s.ctn_auto_start == "on")

@@ -11,6 +11,7 @@ import torch
 
 pytest.importorskip("trl")
 from datasets import Dataset  # noqa: E402
+from trl import GRPOConfig  # noqa: E402
 
 from sorl_monitor import Monitor  # noqa: E402
 from sorl_monitor.integrations.trl_so_grpo import (  # noqa: E402
@@ -148,6 +149,17 @@ def test_per_turn_group_advantages_of_a_generation_batch():
     ],
 )
 def test_bad_settings_are_refused_in_one_line(tmp_path, fields, message):
+    """From the config's fields; the trainer's keyword arguments go through the same check."""
     args = SORLGRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[], **fields)
     with pytest.raises(ValueError, match=message):
         SorlLossSettings.of(args)
+
+
+def test_trainer_keyword_arguments_override_the_config_fields(tmp_path):
+    args = SORLGRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[], ctn="off")
+    assert SorlLossSettings.of(args, {"ctn": "auto", "turn_is": False}).ctn == "auto"
+    plain = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[], loss_type="dapo")
+    assert SorlLossSettings.of(plain).ctn == "off"  # a plain GRPOConfig with TRL's loss: TRL's trainer
+    assert SorlLossSettings.of(plain, {"ctn": "on"}).ctn == "on"
+    with pytest.raises(ValueError, match="ctn must be one of"):
+        SorlLossSettings.of(args, {"ctn": "sometimes"})
