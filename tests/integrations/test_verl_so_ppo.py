@@ -96,7 +96,7 @@ def test_inside_real_verl_the_token_level_loss_is_vanilla_under_every_aggregatio
     from verl.trainer.ppo.core_algos import get_policy_loss_fn
     from verl.workers.config import ActorConfig
 
-    register_sorl_loss(names=("so_ppo_token_test",), turn_is=False, ctn="off", log_dir=tmp_path)
+    loss = register_sorl_loss(names=("so_ppo_token_test",), turn_is=False, ctn="off", log_dir=tmp_path)
     config = ActorConfig(strategy="fsdp", ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, rollout_n=2,
                          clip_ratio_high=0.28)  # fmt: skip
     for mode in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
@@ -105,6 +105,7 @@ def test_inside_real_verl_the_token_level_loss_is_vanilla_under_every_aggregatio
         want, want_metrics = verl_vanilla(**batch, loss_agg_mode=mode, config=config)
         assert got.item() == pytest.approx(want.item(), rel=1e-6), mode
         assert got_metrics["actor/pg_clipfrac"] == pytest.approx(want_metrics["actor/pg_clipfrac"])
+    loss.close()
 
 
 def test_synthetic_drift_switches_auto_ctn_on_and_the_rows_and_alerts_show_it(tmp_path):
