@@ -141,3 +141,38 @@ def test_synthetic_drift_switches_auto_ctn_on_and_the_rows_and_alerts_show_it(tm
 def test_bad_settings_are_refused(field, value):
     with pytest.raises(ValueError, match=field):
         SorlPolicyLoss(**{field: value})
+
+
+def test_inside_verls_engine_ppo_loss_so_ppo_runs_with_its_bool_mask_and_global_batch_info(tmp_path):
+    """verl 0.9.1's ``workers.utils.losses.ppo_loss`` (the engine workers' actor loss) selects ``so_ppo`` from
+    ``policy_loss.loss_mode``, pads the model output and sets ``global_batch_info``; synthetic tensors."""
+    pytest.importorskip("verl", reason="verl is not installed (make test-verl runs this against verl 0.9.1)")
+    from tensordict import TensorDict
+    from verl.workers.config import ActorConfig
+    from verl.workers.config.actor import PolicyLossConfig
+    from verl.workers.utils.losses import ppo_loss
+
+    loss = register_sorl_loss(names=("so_ppo",), ctn="on", ctn_target_clip=None, log_dir=tmp_path)
+    rows, prompt, response = 2, 3, 10
+    batch = micro_batch(0, response, rows=rows)
+    flat = torch.zeros(rows, prompt + response)
+    flat[:, prompt - 1 : prompt + response - 1] = batch["log_prob"]  # position t scores token t + 1
+    config = ActorConfig(strategy="fsdp", ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, rollout_n=2,
+                         policy_loss=PolicyLossConfig(loss_mode="so_ppo"))  # fmt: skip
+    results = []
+    for num_tokens in (None, 2 * int(batch["response_mask"].sum())):
+        data = TensorDict({"prompts": torch.ones(rows, prompt, dtype=torch.long),
+                           "responses": torch.ones(rows, response, dtype=torch.long),
+                           "attention_mask": torch.ones(rows, prompt + response, dtype=torch.long),
+                           "response_mask": batch["response_mask"], "old_log_probs": batch["old_log_prob"],
+                           "advantages": batch["advantages"]}, batch_size=[rows])  # fmt: skip
+        for key, value in {"dp_size": 1, "batch_num_tokens": num_tokens, "global_batch_size": None}.items():
+            data.set_non_tensor(key, value)
+        value, metrics = ppo_loss(config, {"log_probs": flat.flatten()}, data)
+        results.append((value.item(), metrics["actor/ctn_penalty"].values[0]))
+    loss.close()
+    direct, _ = SorlPolicyLoss(ctn="on", ctn_target_clip=None, monitor=None).objective(
+        **batch, config=ActorConfigStandIn()
+    )
+    assert results[0][0] == pytest.approx(direct.item(), rel=1e-6) and results[0][1] > 0
+    assert results[1][0] == pytest.approx(direct.item() / 2, rel=1e-6)  # both terms over the global tokens
