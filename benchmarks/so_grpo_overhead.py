@@ -49,21 +49,46 @@ class UpdateClock(TrainerCallback):
 
 
 def update_seconds(root: Path, hidden: int, steps: int) -> list[float]:
-    config = Qwen2Config(vocab_size=len(SPECIAL) + len(CHARACTERS), hidden_size=hidden, intermediate_size=4 * hidden,
-                         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=256, pad_token_id=0, eos_token_id=1, bos_token_id=1)  # fmt: skip
+    config = Qwen2Config(
+        vocab_size=len(SPECIAL) + len(CHARACTERS),
+        hidden_size=hidden,
+        intermediate_size=4 * hidden,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=1,
+    )
     torch.manual_seed(0)
     Qwen2ForCausalLM(config).save_pretrained(root / "model")
     char_tokenizer().save_pretrained(root / "model")
-    args = SORLGRPOConfig(output_dir=str(root / "out"), max_steps=steps, logging_steps=1,
-                          per_device_train_batch_size=GENERATIONS, num_generations=GENERATIONS, steps_per_generation=1,
-                          num_iterations=PASSES, max_completion_length=COMPLETION, report_to=[], use_cpu=True,
-                          save_strategy="no", disable_tqdm=True, ctn="on")  # fmt: skip
+    args = SORLGRPOConfig(
+        output_dir=str(root / "out"),
+        max_steps=steps,
+        logging_steps=1,
+        per_device_train_batch_size=GENERATIONS,
+        num_generations=GENERATIONS,
+        steps_per_generation=1,
+        num_iterations=PASSES,
+        max_completion_length=COMPLETION,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        disable_tqdm=True,
+        ctn="on",
+    )
     clock = UpdateClock()
-    trainer = SORLGRPOTrainer(model=str(root / "model"), processing_class=char_tokenizer(), args=args,
-                              reward_funcs=lambda completions, **kw: [float(len(c) % 5) for c in completions],
-                              train_dataset=Dataset.from_dict({"prompt": ["abc", "hello", "xyz"] * 40}),
-                              callbacks=[clock], monitor=Monitor(root / "runs", "overhead"))  # fmt: skip
+    trainer = SORLGRPOTrainer(
+        model=str(root / "model"),
+        processing_class=char_tokenizer(),
+        args=args,
+        reward_funcs=lambda completions, **kw: [float(len(c) % 5) for c in completions],
+        train_dataset=Dataset.from_dict({"prompt": ["abc", "hello", "xyz"] * 40}),
+        callbacks=[clock],
+        monitor=Monitor(root / "runs", "overhead"),
+    )
     trainer.train()
     return [s for i, s in enumerate(clock.seconds) if i % PASSES]  # reuse passes: no generation
 

@@ -70,8 +70,14 @@ def test_dual_clip_bounds_a_negative_advantage_at_c_times_a():
 
 def test_rollout_weights_scale_each_tokens_surrogate():
     logp = torch.zeros(1, 2)
-    terms = policy_objective(logp, logp, torch.tensor([[1.0, 2.0]]), torch.ones(1, 2), turn_level=False,
-                             weights=torch.tensor([[0.5, 2.0]]))  # fmt: skip
+    terms = policy_objective(
+        logp,
+        logp,
+        torch.tensor([[1.0, 2.0]]),
+        torch.ones(1, 2),
+        turn_level=False,
+        weights=torch.tensor([[0.5, 2.0]]),
+    )
     assert terms.pg_loss.item() == pytest.approx(-(0.5 + 4.0) / 2)
 
 

@@ -29,7 +29,9 @@ def test_the_trainer_family_comes_from_the_runs_config(algorithm, config, family
 def test_trl_and_verl_runs_get_their_switch_and_the_bundled_trainer_keeps_the_text():
     cause = "off_policy_variance"
     assert remedy_for(cause, "bundled") == remedy_for(cause, None) == CAUSES[cause][1]
-    assert remedy_for(cause, "trl").endswith("`SORLGRPOTrainer(..., ctn='auto')` with "
-                                             "`SORLGRPOConfig(loss_type='so_grpo')` (sorl_monitor.integrations.trl_so_grpo).")  # fmt: skip
+    assert remedy_for(cause, "trl").endswith(
+        "`SORLGRPOTrainer(..., ctn='auto')` with "
+        "`SORLGRPOConfig(loss_type='so_grpo')` (sorl_monitor.integrations.trl_so_grpo)."
+    )
     assert "`actor.policy_loss.loss_mode=so_ppo`" in remedy_for("granularity_mismatch", "verl")
     assert remedy_for("entropy_blowup", "trl") == CAUSES["entropy_blowup"][1]  # no CTN/turn-IS remedy there

@@ -159,8 +159,13 @@ class SorlLossSettings:
         return self
 
     def objective(self, eps_low: float, eps_high: float) -> ObjectiveSettings:
-        return ObjectiveSettings(clip_eps=eps_low, clip_eps_high=eps_high, dual_clip=self.dual_clip,
-                                 turn_ratio=self.turn_ratio, ctn_kl_cap=self.ctn_kl_cap)  # fmt: skip
+        return ObjectiveSettings(
+            clip_eps=eps_low,
+            clip_eps_high=eps_high,
+            dual_clip=self.dual_clip,
+            turn_ratio=self.turn_ratio,
+            ctn_kl_cap=self.ctn_kl_cap,
+        )
 
 
 OVERRIDABLE = tuple(name for name in SorlLossSettings.__dataclass_fields__ if name != "loss_type")
@@ -173,8 +178,9 @@ def loss_mask(inputs: dict[str, Any]) -> Tensor:
     return mask * inputs["tool_mask"] if "tool_mask" in inputs else mask
 
 
-def per_turn_advantages(rewards: Tensor, n_turns: Tensor, num_generations: int, local_turn_ids: Tensor,
-                        start: int) -> Tensor:  # fmt: skip
+def per_turn_advantages(
+    rewards: Tensor, n_turns: Tensor, num_generations: int, local_turn_ids: Tensor, start: int
+) -> Tensor:
     """SO-GRPO's per-turn group advantage on this process's tokens ``(B_local, T)``.
 
     ``rewards`` and ``n_turns`` ``(N,)`` are the whole generation batch's (all processes; groups are runs of
@@ -199,12 +205,18 @@ class SORLLossMixin:
         self.sorl = SorlLossSettings.of(self.args, overrides)  # type: ignore[attr-defined]
         s = self.sorl
         detectors = detector_config(dict(s.ctn_detectors), DetectorConfig())
-        self.ctn_guard = (CtnGuard(detectors, quiet_updates=s.ctn_quiet_updates, start_active=s.ctn_auto_start == "on")
-                          if s.ctn == "auto" else None)  # fmt: skip
+        self.ctn_guard = (
+            CtnGuard(detectors, quiet_updates=s.ctn_quiet_updates, start_active=s.ctn_auto_start == "on")
+            if s.ctn == "auto"
+            else None
+        )
         self.ctn_active = s.ctn == "on" or (self.ctn_guard is not None and self.ctn_guard.active)
         self.ctn_coef = s.ctn_coef
-        self.ctn_controller = (AdaptiveCtnCoef(s.ctn_coef, s.ctn_target_clip, s.ctn_coef, s.ctn_coef_max)
-                               if s.ctn_target_clip is not None and s.ctn != "off" and s.ctn_coef > 0 else None)  # fmt: skip
+        self.ctn_controller = (
+            AdaptiveCtnCoef(s.ctn_coef, s.ctn_target_clip, s.ctn_coef, s.ctn_coef_max)
+            if s.ctn_target_clip is not None and s.ctn != "off" and s.ctn_coef > 0
+            else None
+        )
         self.ctn_switches: list[tuple[int, bool, str]] = []
         self._sorl_seen: tuple[int, int] | None = None  # (update, generation batch) of the last micro-batch
         self._sorl_batch_clip: list[float] = []
@@ -226,12 +238,25 @@ class SORLLossMixin:
     def _before_micro_batch(self) -> None:
         """At an update's first micro-batch: λ's controller at a new generation batch, then the guard."""
         update = self.state.global_step + 1  # type: ignore[attr-defined]
-        keys = update_keys(self._step, self.args.steps_per_generation, self.num_iterations,  # type: ignore[attr-defined]
-                           self.args.gradient_accumulation_steps)  # type: ignore[attr-defined]  # fmt: skip
+        keys = update_keys(
+            self._step,
+            self.args.steps_per_generation,
+            self.num_iterations,  # type: ignore[attr-defined]
+            self.args.gradient_accumulation_steps,
+        )  # type: ignore[attr-defined]
         if self._sorl_armed_unlogged:  # armed: on from the first update, logged like a switch (once)
             self._sorl_armed_unlogged = False
-            self._record(GuardDecision(True, 0, "ctn_auto_start", "info", 1.0, 1.0,
-                                       "CTN on from the first update (ctn_auto_start = on)"))  # fmt: skip
+            self._record(
+                GuardDecision(
+                    True,
+                    0,
+                    "ctn_auto_start",
+                    "info",
+                    1.0,
+                    1.0,
+                    "CTN on from the first update (ctn_auto_start = on)",
+                )
+            )
         if self._sorl_seen is not None and self._sorl_seen[0] == update:
             return
         new_batch = self._sorl_seen is not None and keys["iteration"] != self._sorl_seen[1]
@@ -245,9 +270,16 @@ class SORLLossMixin:
                 self.ctn_coef = self.ctn_controller.value
                 monitor = self._sorl_monitor()
                 if monitor is not None:
-                    monitor.log_alert("ctn_coef", "info", f"CTN λ → {self.ctn_coef:g}: clip fraction {mean_clip:.3f} "
-                                      f"vs target {self.sorl.ctn_target_clip:g}", value=self.ctn_coef,
-                                      threshold=self.sorl.ctn_target_clip, step=update - 1, kind="action")  # fmt: skip
+                    monitor.log_alert(
+                        "ctn_coef",
+                        "info",
+                        f"CTN λ → {self.ctn_coef:g}: clip fraction {mean_clip:.3f} "
+                        f"vs target {self.sorl.ctn_target_clip:g}",
+                        value=self.ctn_coef,
+                        threshold=self.sorl.ctn_target_clip,
+                        step=update - 1,
+                        kind="action",
+                    )
         if new_batch:
             self._sorl_batch_clip = []
         every = self.sorl.ctn_guard_every
@@ -277,8 +309,13 @@ class SORLLossMixin:
             clip = float(terms["clip_frac"])
             if self.ctn_active:
                 self._sorl_batch_clip.append(clip)
-            self._sorl_micro = {"ctn_active": float(self.ctn_active), "ctn_coef": float(coef), "ctn_clip_frac": clip,
-                                "ctn_penalty": float(terms["penalty"].detach()), "dual_clip_frac": float(terms["dual_clip_frac"])}  # fmt: skip
+            self._sorl_micro = {
+                "ctn_active": float(self.ctn_active),
+                "ctn_coef": float(coef),
+                "ctn_clip_frac": clip,
+                "ctn_penalty": float(terms["penalty"].detach()),
+                "dual_clip_frac": float(terms["dual_clip_frac"]),
+            }
         return loss
 
     def _sorl_micro_metrics(self) -> dict[str, float]:
@@ -301,8 +338,16 @@ class SORLLossMixin:
         if getattr(self, "use_vllm", False) and getattr(self, "vllm_importance_sampling_correction", False):
             weights = inputs.get("importance_sampling_ratio")
         settings = self.sorl.objective(self.epsilon_low, self.epsilon_high)  # type: ignore[attr-defined]
-        terms = policy_objective(logps, old, inputs["advantages"], mask, turn_level=self.sorl.turn_is,
-                                 ctn_coef=coef, settings=settings, weights=weights)  # fmt: skip
+        terms = policy_objective(
+            logps,
+            old,
+            inputs["advantages"],
+            mask,
+            turn_level=self.sorl.turn_is,
+            ctn_coef=coef,
+            settings=settings,
+            weights=weights,
+        )
         loss = terms.pg_loss + terms.ctn_penalty
         mode = "train" if self.model.training else "eval"  # type: ignore[attr-defined]
         if self.beta != 0.0:  # type: ignore[attr-defined]
@@ -310,11 +355,15 @@ class SORLLossMixin:
             kl = masked_mean(torch.exp(ref - logps) - (ref - logps) - 1, mask)
             loss = loss + self.beta * kl  # type: ignore[attr-defined]
             self._metrics[mode]["kl"].append(float(kl.detach()))  # type: ignore[attr-defined]
-        self._metrics[mode]["entropy"].append(float(masked_mean(entropies.detach(), mask)))  # type: ignore[attr-defined]
+        metrics = self._metrics[mode]  # type: ignore[attr-defined]
+        metrics["entropy"].append(float(masked_mean(entropies.detach(), mask)))
         if mode == "train":
             loss = loss / self.current_gradient_accumulation_steps  # type: ignore[attr-defined]
-        return loss, {"clip_frac": terms.clip_frac, "penalty": terms.ctn_penalty.detach(),
-                      "dual_clip_frac": terms.dual_clip_frac}  # fmt: skip
+        return loss, {
+            "clip_frac": terms.clip_frac,
+            "penalty": terms.ctn_penalty.detach(),
+            "dual_clip_frac": terms.dual_clip_frac,
+        }
 
     def _ctn_on_trls_loss(self, inputs: dict[str, Any], coef: float) -> dict[str, Tensor] | None:
         """CTN on the token ratio of TRL's own loss, from the log-probs the tap captured (``TokenTapMixin``)."""
@@ -337,7 +386,8 @@ class SORLLossMixin:
     # ------------------------------------------------------------------ per-turn advantages
     def _generate_and_score_completions(self, *args: Any, **kwargs: Any) -> Any:
         output = super()._generate_and_score_completions(*args, **kwargs)  # type: ignore[misc]
-        if self.sorl.loss_type == SO_GRPO and self.sorl.turn_advantage and self.model.training:  # type: ignore[attr-defined]
+        training = self.model.training  # type: ignore[attr-defined]
+        if self.sorl.loss_type == SO_GRPO and self.sorl.turn_advantage and training:
             output["advantages"] = self._per_turn_advantages(output)
         return output
 
@@ -350,7 +400,8 @@ class SORLLossMixin:
         turn_ids = turn_ids_from_mask(loss_mask(output))
         n_turns = self.accelerator.gather(turn_ids.amax(1) + 1)  # type: ignore[attr-defined]
         start = self.accelerator.process_index * turn_ids.shape[0]  # type: ignore[attr-defined]
-        return per_turn_advantages(rewards, n_turns, self.num_generations, turn_ids, start)  # type: ignore[attr-defined]
+        groups = self.num_generations  # type: ignore[attr-defined]
+        return per_turn_advantages(rewards, n_turns, groups, turn_ids, start)
 
 
 class SORLGRPOMixin(TokenTapMixin, SORLLossMixin):

@@ -107,12 +107,18 @@ class SorlPolicyLoss(MonitoredPolicyLoss):
         super().__init__(self.objective, log_dir=log_dir, run_name=run_name, **monitor_kwargs)
         self.turn_is, self.turn_ratio, self.ctn_kl_cap = turn_is, turn_ratio, ctn_kl_cap
         self.judge_every = judge_every
-        self.guard = (CtnGuard(detectors, quiet_updates=ctn_quiet_updates, start_active=ctn_auto_start == "on")
-                      if ctn == "auto" else None)  # fmt: skip
+        self.guard = (
+            CtnGuard(detectors, quiet_updates=ctn_quiet_updates, start_active=ctn_auto_start == "on")
+            if ctn == "auto"
+            else None
+        )
         self.ctn_active = ctn == "on" or (self.guard is not None and self.guard.active)
         self.ctn_coef = ctn_coef
-        self.controller = (AdaptiveCtnCoef(ctn_coef, ctn_target_clip, ctn_coef, ctn_coef_max)
-                           if ctn_target_clip is not None and ctn != "off" and ctn_coef > 0 else None)  # fmt: skip
+        self.controller = (
+            AdaptiveCtnCoef(ctn_coef, ctn_target_clip, ctn_coef, ctn_coef_max)
+            if ctn_target_clip is not None and ctn != "off" and ctn_coef > 0
+            else None
+        )
         self.ctn_switches: list[tuple[int, bool, str]] = []
         self._clip_fracs: list[float] = []
         self._columns: dict[str, float] = {}
@@ -150,14 +156,23 @@ class SorlPolicyLoss(MonitoredPolicyLoss):
         coef = self.ctn_coef if self.ctn_active else 0.0
         penalty = torch.zeros((), device=log_prob.device, dtype=log_prob.dtype)
         if coef:
-            kl = self._agg_loss(loss_mat=kl_k3_capped(log_ratio, self.ctn_kl_cap), loss_mask=mask,
-                                loss_agg_mode=loss_agg_mode, **batch_info)  # fmt: skip
+            kl = self._agg_loss(
+                loss_mat=kl_k3_capped(log_ratio, self.ctn_kl_cap),
+                loss_mask=mask,
+                loss_agg_mode=loss_agg_mode,
+                **batch_info,
+            )
             penalty = coef * frac * kl
         dual_frac = masked_mean(((advantages < 0) & (ratio.detach() > dual_clip)).float(), mask)
         if self.ctn_active:
             self._clip_fracs.append(float(frac))
-        self._columns = {"ctn_active": float(self.ctn_active), "ctn_coef": float(coef), "ctn_clip_frac": float(frac),
-                         "ctn_penalty": float(penalty.detach()), "dual_clip_frac": float(dual_frac)}  # fmt: skip
+        self._columns = {
+            "ctn_active": float(self.ctn_active),
+            "ctn_coef": float(coef),
+            "ctn_clip_frac": float(frac),
+            "ctn_penalty": float(penalty.detach()),
+            "dual_clip_frac": float(dual_frac),
+        }
         clip_active = (-advantages * ratio.detach().clamp(1 - eps_low, 1 + eps_high)) > (
             -advantages * ratio.detach()
         )
@@ -185,15 +200,31 @@ class SorlPolicyLoss(MonitoredPolicyLoss):
             return
         if self._armed_unlogged:
             self._armed_unlogged = False
-            self._switch(GuardDecision(True, 0, "ctn_auto_start", "info", 1.0, 1.0,
-                                       "CTN on from the first update (ctn_auto_start = on)"))  # fmt: skip
+            self._switch(
+                GuardDecision(
+                    True,
+                    0,
+                    "ctn_auto_start",
+                    "info",
+                    1.0,
+                    1.0,
+                    "CTN on from the first update (ctn_auto_start = on)",
+                )
+            )
         if self.controller is not None and self._clip_fracs:
             mean_clip = sum(self._clip_fracs) / len(self._clip_fracs)
             if self.controller.update(mean_clip) is not None:
                 self.ctn_coef = self.controller.value
-                self.monitor.log_alert("ctn_coef", "info", f"CTN λ → {self.ctn_coef:g}: clip fraction {mean_clip:.3f} "
-                                       f"vs target {self.controller.target:g}", value=self.ctn_coef,
-                                       threshold=self.controller.target, step=self.updates, kind="action")  # fmt: skip
+                self.monitor.log_alert(
+                    "ctn_coef",
+                    "info",
+                    f"CTN λ → {self.ctn_coef:g}: clip fraction {mean_clip:.3f} "
+                    f"vs target {self.controller.target:g}",
+                    value=self.ctn_coef,
+                    threshold=self.controller.target,
+                    step=self.updates,
+                    kind="action",
+                )
         self._clip_fracs = []
         if self.guard is not None:
             decision = self.guard.update(self.monitor.recent_steps())

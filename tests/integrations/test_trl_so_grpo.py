@@ -72,8 +72,14 @@ def train(root, max_steps: int, **settings):
 def auto_run(tmp_path_factory):
     """so_grpo, ``ctn='auto'`` waiting for the detectors (not armed), lr 5e-2, 2 generation batches × 8 passes;
     the guard's detectors judge blocks of 4 updates."""
-    return train(tmp_path_factory.mktemp("auto"), 2 * PASSES, learning_rate=5e-2, ctn="auto",
-                 ctn_auto_start="off", ctn_detectors={"smooth_steps": 4, "min_history_steps": 8})  # fmt: skip
+    return train(
+        tmp_path_factory.mktemp("auto"),
+        2 * PASSES,
+        learning_rate=5e-2,
+        ctn="auto",
+        ctn_auto_start="off",
+        ctn_detectors={"smooth_steps": 4, "min_history_steps": 8},
+    )
 
 
 @pytest.mark.slow
@@ -122,8 +128,14 @@ def test_turns_come_from_completion_mask_times_tool_mask_and_the_loss_is_the_obj
     assert turn_ids_from_mask(mask).tolist() == [[0, 0, -1, -1, 1, 1, 1], [0, 0, 0, 0, -1, -1, -1]]
     logp = torch.log(torch.tensor([[2.0, 2.0, 1, 1, 1.0, 1.0, 1.0], [0.5, 0.5, 0.5, 0.5, 1, 1, 1]]))
     adv = torch.tensor([1.0, -1.0])
-    terms = policy_objective(logp, torch.zeros_like(logp), adv, mask.float(), turn_level=True,
-                             settings=ObjectiveSettings(dual_clip=None))  # fmt: skip
+    terms = policy_objective(
+        logp,
+        torch.zeros_like(logp),
+        adv,
+        mask.float(),
+        turn_level=True,
+        settings=ObjectiveSettings(dual_clip=None),
+    )
     # turn ratios: 2 (A=+1, clipped to 1.2), 1 (inside), 0.5 (A=−1: min(−0.5, −0.8) = −0.8)
     assert terms.pg_loss.item() == pytest.approx(-(2 * 1.2 + 3 * 1.0 + 4 * -0.8) / 9)
 

@@ -97,8 +97,13 @@ def test_inside_real_verl_the_token_level_loss_is_vanilla_under_every_aggregatio
     from verl.workers.config import ActorConfig
 
     loss = register_sorl_loss(names=("so_ppo_token_test",), turn_is=False, ctn="off", log_dir=tmp_path)
-    config = ActorConfig(strategy="fsdp", ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, rollout_n=2,
-                         clip_ratio_high=0.28)  # fmt: skip
+    config = ActorConfig(
+        strategy="fsdp",
+        ppo_mini_batch_size=4,
+        ppo_micro_batch_size_per_gpu=2,
+        rollout_n=2,
+        clip_ratio_high=0.28,
+    )
     for mode in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
         batch = micro_batch(7, 10)
         got, got_metrics = get_policy_loss_fn("so_ppo_token_test")(**batch, loss_agg_mode=mode, config=config)
@@ -111,8 +116,15 @@ def test_inside_real_verl_the_token_level_loss_is_vanilla_under_every_aggregatio
 def test_synthetic_drift_switches_auto_ctn_on_and_the_rows_and_alerts_show_it(tmp_path):
     """Synthetic log-probs: 12 updates with a tiny ratio spread, then 12 with a wide one; the guard (blocks of 4
     updates) reads the rank's own rows every 4 updates."""
-    loss = SorlPolicyLoss(ctn="auto", ctn_auto_start="off", judge_every=4, log_dir=tmp_path, run_name="auto",
-                          detectors=DetectorConfig(smooth_steps=4, min_history_steps=8), flush_interval_s=0.05)  # fmt: skip
+    loss = SorlPolicyLoss(
+        ctn="auto",
+        ctn_auto_start="off",
+        judge_every=4,
+        log_dir=tmp_path,
+        run_name="auto",
+        detectors=DetectorConfig(smooth_steps=4, min_history_steps=8),
+        flush_interval_s=0.05,
+    )
     config = ActorConfigStandIn()
     for update in range(24):
         batch = micro_batch(update, 10)
@@ -157,15 +169,26 @@ def test_inside_verls_engine_ppo_loss_so_ppo_runs_with_its_bool_mask_and_global_
     batch = micro_batch(0, response, rows=rows)
     flat = torch.zeros(rows, prompt + response)
     flat[:, prompt - 1 : prompt + response - 1] = batch["log_prob"]  # position t scores token t + 1
-    config = ActorConfig(strategy="fsdp", ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, rollout_n=2,
-                         policy_loss=PolicyLossConfig(loss_mode="so_ppo"))  # fmt: skip
+    config = ActorConfig(
+        strategy="fsdp",
+        ppo_mini_batch_size=4,
+        ppo_micro_batch_size_per_gpu=2,
+        rollout_n=2,
+        policy_loss=PolicyLossConfig(loss_mode="so_ppo"),
+    )
     results = []
     for num_tokens in (None, 2 * int(batch["response_mask"].sum())):
-        data = TensorDict({"prompts": torch.ones(rows, prompt, dtype=torch.long),
-                           "responses": torch.ones(rows, response, dtype=torch.long),
-                           "attention_mask": torch.ones(rows, prompt + response, dtype=torch.long),
-                           "response_mask": batch["response_mask"], "old_log_probs": batch["old_log_prob"],
-                           "advantages": batch["advantages"]}, batch_size=[rows])  # fmt: skip
+        data = TensorDict(
+            {
+                "prompts": torch.ones(rows, prompt, dtype=torch.long),
+                "responses": torch.ones(rows, response, dtype=torch.long),
+                "attention_mask": torch.ones(rows, prompt + response, dtype=torch.long),
+                "response_mask": batch["response_mask"],
+                "old_log_probs": batch["old_log_prob"],
+                "advantages": batch["advantages"],
+            },
+            batch_size=[rows],
+        )
         for key, value in {"dp_size": 1, "batch_num_tokens": num_tokens, "global_batch_size": None}.items():
             data.set_non_tensor(key, value)
         value, metrics = ppo_loss(config, {"log_probs": flat.flatten()}, data)
