@@ -36,6 +36,7 @@ reads both from one TOML file and ``--set name=value`` overrides, as the CLI and
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -302,6 +303,39 @@ CAUSES: dict[str, tuple[str, str]] = {
 """Each root cause of a collapse: what it means, and the remedy (the paper's, arXiv 2511.20718, where it
 has one)."""
 
+TRAINER_SWITCHES = {
+    "trl": "TRL: use `SORLGRPOTrainer(..., ctn='auto')` with `SORLGRPOConfig(loss_type='so_grpo')` "
+    "(sorl_monitor.integrations.trl_so_grpo).",
+    "verl": "verl: call `register_sorl_loss()` (sorl_monitor.integrations.verl_so_ppo) in each worker and set "
+    "`actor.policy_loss.loss_mode=so_ppo` (so_grpo with GRPO advantages).",
+}
+"""The switch that applies the remedy in the trainer a run came from (turn-level IS and auto-CTN as a loss)."""
+SWITCHED_CAUSES = ("granularity_mismatch", "off_policy_variance")
+"""The root causes whose remedy is turn-level IS and CTN."""
+
+
+def trainer_family(algorithm: str | None, config: dict[str, Any]) -> str | None:
+    """``bundled`` | ``trl`` | ``verl`` | None: the trainer a run came from, by its config's keys (the bundled
+    ``TrainConfig``'s ``warmstart_steps``; TRL's ``num_generations``; verl's actor ``ppo_mini_batch_size``) or
+    its algorithm (``verl``)."""
+    if "warmstart_steps" in config:
+        return "bundled"
+    if algorithm == "verl" or "ppo_mini_batch_size" in config or "clip_ratio_c" in config:
+        return "verl"
+    if "num_generations" in config or (
+        "per_device_train_batch_size" in config and (algorithm or "").endswith("grpo")
+    ):
+        return "trl"
+    return None
+
+
+def remedy_for(cause: str, family: str | None) -> str:
+    """``cause``'s remedy, with the switch of the run's trainer (``TRAINER_SWITCHES``) where one applies."""
+    remedy = CAUSES[cause][1]
+    switch = TRAINER_SWITCHES.get(family or "") if cause in SWITCHED_CAUSES else None
+    return remedy if switch is None else f"{remedy} {switch}"
+
+
 DETECTOR_FAMILY = {d.name: d.family for d in DETECTORS}
 
 REWARD_ROWS_SQL = (
@@ -503,11 +537,21 @@ def attribute(
 
 
 def _run_info(runs: RunSet, run_id: str) -> dict[str, Any]:
-    rows = runs.sql("SELECT algorithm FROM runs WHERE run_id = $run_id", {"run_id": run_id}).to_pylist()
+    rows = runs.sql(
+        "SELECT algorithm, config FROM runs WHERE run_id = $run_id", {"run_id": run_id}
+    ).to_pylist()
     if not rows:
         known = [r["run_id"] for r in runs.sql("SELECT run_id FROM runs ORDER BY run_id").to_pylist()]
         raise QueryError(f"no run {run_id!r} here (runs: {', '.join(known[:8])})")
     return rows[0]
+
+
+def _config(info: dict[str, Any]) -> dict[str, Any]:
+    try:
+        config = json.loads(info.get("config") or "{}")
+    except ValueError:
+        return {}
+    return config if isinstance(config, dict) else {}
 
 
 def run_inputs(runs: RunSet, run_id: str) -> tuple[dict[str, list[str]], list[str]]:
@@ -579,7 +623,8 @@ def postmortem(
     and the post-mortem's own settings."""
     config = config or DetectorConfig()
     settings = postmortem_config or PostmortemConfig()
-    algorithm = _run_info(runs, run_id)["algorithm"]
+    info = _run_info(runs, run_id)
+    algorithm = info["algorithm"]
     label = label_collapse(runs, config, run_id, settings).to_pylist()
     if not label:
         raise QueryError(f"run {run_id!r} has no steps logged yet")
@@ -608,7 +653,8 @@ def postmortem(
             algorithm is not None and algorithm.lower().replace("-", "_") in settings.turn_level_algorithms
         )
         cause = attribute(summary, evidence, collapse_step, turn_level, settings)
-        explanation, remedy = CAUSES[cause]
+        explanation = CAUSES[cause][0]
+        remedy = remedy_for(cause, trainer_family(algorithm, _config(info)))
         notes = []
         if label_row["ends_collapsed"]:
             notes.append(

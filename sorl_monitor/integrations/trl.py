@@ -233,6 +233,9 @@ class TokenTapMixin:
             )
             batch = tapped_batch(inputs, capture["logps"], capture["entropies"], keys)
             batch.metrics = dict(self.sorl_generation)
+            loss_columns = getattr(self, "_sorl_micro_metrics", None)  # SORLLossMixin's CTN columns
+            if loss_columns is not None:
+                batch.metrics.update(loss_columns())
             self.sorl_callback.add_update(self.state.global_step + 1, batch)  # type: ignore[attr-defined]
         except Exception as error:  # noqa: BLE001 - the tap must never break training
             self.sorl_callback.warn_once("tap", f"GRPO token tap failed ({type(error).__name__}: {error})")
@@ -248,4 +251,5 @@ class TokenTapMixin:
 
 
 class MonitoredGRPOTrainer(TokenTapMixin, GRPOTrainer):
-    """TRL's ``GRPOTrainer`` with the token tap: takes ``monitor=`` besides GRPOTrainer's arguments."""
+    """TRL's ``GRPOTrainer`` with the token tap: takes ``monitor=`` besides GRPOTrainer's arguments.
+    (SO-GRPO and CTN inside the trainer: ``integrations.trl_so_grpo.SORLGRPOTrainer``.)"""

@@ -20,10 +20,11 @@ from typing import Any
 
 import torch
 
-from sorl_monitor.guard import AdaptiveCtnCoef, CtnGuard, GuardDecision
+from sorl_monitor.guard import CtnGuard, GuardDecision
 from sorl_monitor.monitor import Monitor
+from sorl_monitor.objective import AdaptiveCtnCoef
 from sorl_monitor.trainer.algorithms import get_algorithm
-from sorl_monitor.trainer.algorithms.common import LossSettings, Minibatch
+from sorl_monitor.trainer.algorithms.minibatch_loss import LossSettings, Minibatch
 from sorl_monitor.trainer.config import TrainConfig
 from sorl_monitor.trainer.env import SearchEnv
 from sorl_monitor.trainer.policy import PolicyWithValue

@@ -50,8 +50,8 @@ def trainer_args(tmp_path, **overrides) -> TrainingArguments:
 
 def test_every_marked_snippet_is_tested():
     assert set(snippets()) == {
-        "hf", "hf-stop", "trl", "verl-loss", "verl-tracking", "ingest-cli", "openrlhf", "roll", "skyrl",
-        "prime-rl", "ranks",
+        "hf", "hf-stop", "trl", "trl-so-grpo", "verl-loss", "verl-so-ppo", "verl-tracking", "ingest-cli",
+        "openrlhf", "roll", "skyrl", "prime-rl", "ranks",
     }  # fmt: skip
 
 
@@ -89,6 +89,46 @@ def test_trl_snippet_logs_token_metrics_of_a_grpo_run(tmp_path):
     exec(snippets()["trl"], namespace)
     rows = steps(tmp_path / "runs" / "grpo-1")
     assert [r["step"] for r in rows] == [1, 2] and all(r["ratio_mean"] is not None for r in rows)
+
+
+@pytest.mark.slow
+def test_trl_so_grpo_snippet_trains_with_ctn_and_logs_its_columns(tmp_path):
+    pytest.importorskip("trl")
+    from sorl_monitor.integrations.trl_so_grpo import SORLGRPOConfig
+
+    so_grpo_args = SORLGRPOConfig(
+        output_dir=str(tmp_path / "out"), max_steps=2, logging_steps=1, per_device_train_batch_size=4,
+        num_generations=4, max_completion_length=6, report_to=[], use_cpu=True, save_strategy="no",
+        disable_tqdm=True, num_iterations=2, loss_type="so_grpo",
+    )  # fmt: skip
+    namespace = {
+        "model_path": str(save_tiny_qwen2(tmp_path / "model")),
+        "reward": lambda completions, **kwargs: [float(len(c)) for c in completions],
+        "so_grpo_args": so_grpo_args,
+        "prompts": Dataset.from_dict({"prompt": ["abc", "hello"] * 4}),
+        "tokenizer": char_tokenizer(),
+    }
+    exec(snippets()["trl-so-grpo"], namespace)
+    assert namespace["trainer"].sorl.ctn == "auto" and namespace["trainer"].ctn_active  # armed
+    with open_runs(tmp_path / "runs") as runs:
+        rows = runs.sql("SELECT step, ctn_active, ctn_coef FROM steps ORDER BY step").to_pylist()
+        actions = runs.sql("SELECT detector FROM alerts WHERE kind = 'action'").column(0).to_pylist()
+    assert [r["step"] for r in rows] == [1, 2] and all(r["ctn_active"] and r["ctn_coef"] == 32 for r in rows)
+    assert actions == ["ctn_on"]
+
+
+def test_verl_so_ppo_snippet_registers_both_losses(tmp_path, verl_modules_installed):
+    exec(snippets()["verl-so-ppo"], {})
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+
+    loss = get_policy_loss_fn("so_ppo")
+    assert get_policy_loss_fn("so_grpo") is loss
+    for update in range(4):
+        call_as_verl_actor(loss, micro_batch(update, 10), ActorConfigStandIn())
+        optimizer_step()
+    loss.close()
+    rows = steps(tmp_path / "runs" / "exp1-actor")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and all(r["ctn_active"] for r in rows)
 
 
 def test_verl_loss_snippet_registers_a_loss_verls_actor_can_call(tmp_path, verl_modules_installed):

@@ -63,7 +63,7 @@ def test_bad_config_files_get_one_line_reasons(tmp_path, text, message):
 
 
 def test_the_loss_settings_defaults_are_the_train_configs():
-    from sorl_monitor.trainer.algorithms.common import LossSettings
+    from sorl_monitor.trainer.algorithms.minibatch_loss import LossSettings
     from sorl_monitor.trainer.train import loss_settings
 
     assert loss_settings(TrainConfig()) == LossSettings()

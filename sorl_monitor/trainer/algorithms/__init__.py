@@ -1,5 +1,5 @@
 """The algorithms, as data: which ratio the surrogate uses, whether there is a critic, whether CTN is on
-by default, and the advantage estimator. Every loss is ``common.surrogate_loss``:
+by default, and the advantage estimator. Every loss is ``minibatch_loss.surrogate_loss`` around the objective of ``sorl_monitor.objective``:
 
     ρ     = r_t = π_θ(y_t)/π_old(y_t)  (token level)   or   w̄_k = exp(mean_{t∈k} log r_t)  (turn level,
             the default ``turn_ratio="geomean"``; ``"mean"``: mean_{t∈k} r_t, the design notes' form)
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from sorl_monitor.trainer.algorithms import advantages as estimators
-from sorl_monitor.trainer.algorithms.common import LossSettings, LossTerms, Minibatch, surrogate_loss
+from sorl_monitor.trainer.algorithms.minibatch_loss import LossSettings, LossTerms, Minibatch, surrogate_loss
 
 Advantages = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, LossSettings], tuple[Tensor, Tensor]]
 
