@@ -167,7 +167,33 @@ PATTERNS: dict[str, Callable[[dict], None]] = {
     "reward_drop": _fall_below("reward_mean", "reward_drop"),
     "nonfinite": _nan_loss,
 }
-"""Each detector's SYNTHETIC pattern, applied to every row from ``ONSET`` on."""
+
+RISING = ("clip_rise", "kl_rise", "entropy_rise", "length_rise", "reward_std_collapse")
+"""One detector of each of five families (ratio, kl, entropy, length, reward variance), in the order
+``families_rising`` raises them."""
+
+
+def _families(count: int) -> Callable[[dict], None]:
+    """The first ``count`` patterns of ``RISING`` at once: that many families leave their quiet levels together."""
+
+    def apply(row: dict) -> None:
+        for name in RISING[:count]:
+            PATTERNS[name](row)
+
+    return apply
+
+
+PATTERNS["diverging"] = lambda row: _families(int(firing_level("diverging")) + 1)(row)
+"""Each detector's SYNTHETIC pattern, applied to every row from ``ONSET`` on (``diverging``: one family more
+than its threshold counts)."""
+
+
+def families_rising(count: int, n: int = 400, seed: int = 0) -> list[dict]:
+    """SYNTHETIC: the stable run with ``count`` families (``RISING``) leaving their quiet levels from ``ONSET``."""
+    rows = stable_rows(n, seed, run_id=f"synthetic-{count}-families")
+    for row in rows[ONSET:]:
+        _families(count)(row)
+    return rows
 
 
 def pattern_rows(detector: str, n: int = 400, seed: int = 0) -> list[dict]:
