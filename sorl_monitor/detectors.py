@@ -173,8 +173,10 @@ class DetectorConfig:
         """The first step from which blocks span ``smooth_steps`` (before it they are shorter)."""
         return self.smooth_growth_steps * (1 << max(0, (self.smooth_steps - 1).bit_length()))
 
-    def block_start(self, step: int) -> int:
-        """The first step of the block ``step`` falls in (``block_sql`` in Python)."""
+    def block_start(self, step: int, reused: bool = False) -> int:
+        """The first step of the block ``step`` falls in (``block_sql`` in Python; ``reused``: see ``REUSED``)."""
+        if reused:
+            return self.smooth_steps * (step // self.smooth_steps)
         if step >= self.smooth_full_step:
             return max(self.smooth_full_step, self.smooth_steps * (step // self.smooth_steps))
         size = 1 << max(0, max(step // self.smooth_growth_steps, 1).bit_length() - 1)
@@ -316,13 +318,26 @@ reward's moving average over ``reward_ma_steps`` steps (scaled down with the blo
 label's)."""
 
 
+REUSED = "coalesce(max(greatest(coalesce(ppo_epoch, 0), coalesce(policy_lag, 0))) OVER (PARTITION BY run_id) > 0, false)"
+"""SQL, per row: the run logs one row per update of reused rollouts (a PPO epoch or a policy lag above 0). Such a
+log's rows cycle with each rollout (the clip fraction climbs with each reuse), so its blocks span ``smooth_steps``
+from the start: a block never judges part of a rollout's updates against another part. (Read over the whole run,
+or the live window: a property of the trainer's settings, seen from its second update on.)"""
+
+REUSE_COLUMNS = ("ppo_epoch", "policy_lag")
+"""The columns ``REUSED`` reads."""
+
+
 def block_sql(step: str) -> str:
-    """SQL: the first step of the block ``step`` falls in (``DetectorConfig.block_start``). Blocks grow with the
-    run, doubling from single steps at step ``2·smooth_growth_steps`` up to ``smooth_steps`` steps; each stage
-    starts on a multiple of its block length, so blocks never overlap and a block's id is a step."""
+    """SQL: the first step of the block ``step`` falls in (``DetectorConfig.block_start``; ``reused``, a column
+    from ``REUSED``, must be in scope). Blocks grow with the run, doubling from single steps at step
+    ``2·smooth_growth_steps`` up to ``smooth_steps`` steps; each stage starts on a multiple of its block length, so
+    blocks never overlap and a block's id is a step. A log of reused rollouts' updates has ``smooth_steps`` blocks
+    throughout."""
     size = _growing_size_sql(step)
     return (
-        f"(CASE WHEN ({step}) >= $smooth_full_step"
+        f"(CASE WHEN reused THEN $smooth_steps * (({step}) // $smooth_steps)"
+        f" WHEN ({step}) >= $smooth_full_step"
         f" THEN greatest($smooth_full_step, $smooth_steps * (({step}) // $smooth_steps))"
         f" ELSE {size} * (({step}) // {size}) END)"
     )
@@ -540,14 +555,15 @@ _BY_NAME = {d.name: d for d in DETECTORS}
 FAMILY_NAMES = tuple(dict.fromkeys(d.family for d in DETECTORS))
 
 DETECT_SQL = """
-WITH signals AS (
-    SELECT run_id, rank, step{signals} FROM steps
-    WHERE ($run_id::VARCHAR IS NULL OR run_id = $run_id)
-          AND {block_of_step} > {block_of_start}
+WITH logged AS (
+    SELECT *, {reused} AS reused FROM steps WHERE $run_id::VARCHAR IS NULL OR run_id = $run_id
+),
+signals AS (
+    SELECT run_id, rank, step, reused{signals} FROM logged WHERE {block_of_step} > {block_of_start}
 ),
 blocks AS (
-    SELECT run_id, rank, {block_of_step} AS block, max(step) AS step{series}
-    FROM signals GROUP BY run_id, rank, block
+    SELECT run_id, rank, reused, {block_of_step} AS block, max(step) AS step{series}
+    FROM signals GROUP BY run_id, rank, reused, block
 ),
 base_values AS (
     SELECT run_id, rank, step, {values} FROM blocks
@@ -614,6 +630,7 @@ def detect_sql(detectors: Sequence[Detector] = DETECTORS) -> str:
         series="".join(f", {SERIES[name][1]} AS {name}" for name in used_series(base)),
         values=", ".join(f"({d.value}) AS {d.name}" for d in base),
         joint_values="".join(f", ({d.value})::DOUBLE AS {d.name}" for d in joint),
+        reused=REUSED,
         block_of_step=block_sql("step"),
         block_of_start=block_sql("$after_step - $lookback"),
         history_window=HISTORY_WINDOW.strip(),
@@ -657,7 +674,8 @@ def _window_params(config: DetectorConfig, run_id: str | None, after_step: int |
 def required_columns(detectors: Sequence[Detector] = DETECTORS) -> tuple[str, ...]:
     """``steps`` columns the detectors read (besides the keys ``run_id, rank, step``)."""
     return tuple(sorted({c for d in detectors for c in d.columns} | {c for s in used_signals(detectors)
-                                                                      for c in SIGNALS[s].columns}))  # fmt: skip
+                                                                      for c in SIGNALS[s].columns}
+                        | set(REUSE_COLUMNS)))  # fmt: skip
 
 
 def with_columns(steps: pa.Table, columns: Iterable[str], run_id: str = "live") -> pa.Table:

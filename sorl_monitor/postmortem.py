@@ -48,6 +48,8 @@ from sorl_monitor.detectors import (
     DIVERGING,
     DIVERGING_FAMILIES,
     OLD_NAMES,
+    REUSE_COLUMNS,
+    REUSED,
     SIGNALS,
     DetectorConfig,
     bind,
@@ -148,15 +150,22 @@ def load_configs(
     return detectors, settings
 
 
-COLLAPSE_SQL = """
-WITH blocks AS (
-    SELECT run_id, {block} AS block, max(step) AS step, min(step) AS first_step, count(*) AS rows_logged,
+LABEL_COLUMNS = ("reward_mean", "loss", "pg_loss", *REUSE_COLUMNS)
+"""The ``steps`` columns ``COLLAPSE_SQL`` reads (besides ``run_id, step``)."""
+
+COLLAPSE_SQL = (
+    """
+WITH logged AS (
+    SELECT run_id, step, reward_mean, {reused} AS reused FROM steps
+    WHERE $run_id::VARCHAR IS NULL OR run_id = $run_id
+),
+blocks AS (
+    SELECT run_id, reused, {block} AS block, max(step) AS step, min(step) AS first_step, count(*) AS rows_logged,
            avg(reward_mean) FILTER (WHERE isfinite(reward_mean)) AS reward
-    FROM steps WHERE $run_id::VARCHAR IS NULL OR run_id = $run_id
-    GROUP BY run_id, block
+    FROM logged GROUP BY run_id, reused, block
 ),
 smoothed AS (
-    SELECT run_id, block, step, first_step, rows_logged,
+    SELECT run_id, reused, block, step, first_step, rows_logged,
            avg(reward) OVER (PARTITION BY run_id ORDER BY block
                              RANGE BETWEEN {ma_span} PRECEDING AND CURRENT ROW) AS reward_ma,
            row_number() OVER (PARTITION BY run_id ORDER BY block DESC) AS from_end
@@ -248,7 +257,10 @@ SELECT s.run_id, s.updates, s.last_step, s.ends_below, s.end_reward_share, s.end
 FROM runs_seen s LEFT JOIN confirmed c USING (run_id) LEFT JOIN fall_starts fs USING (run_id)
      LEFT JOIN deepest_dip d USING (run_id)
 ORDER BY s.run_id
-""".replace("{block}", block_sql("step")).replace("{ma_span}", ma_span_sql("block", "$collapse_ma_steps"))
+""".replace("{block}", block_sql("step"))
+    .replace("{reused}", REUSED)
+    .replace("{ma_span}", ma_span_sql("block", "$collapse_ma_steps"))
+)
 """One row per run (windows on the detectors' blocks, ``detectors.block_sql``: the same run logged every step or
 every 5 steps gets the same label):
 
@@ -318,6 +330,9 @@ SELECT detector,
        max(step) AS last_step,
        max(step) FILTER (WHERE severity = 'critical') AS last_critical_step,
        CASE WHEN detector = 'diverging' THEN list(step ORDER BY step DESC)[1:$streak_rows] END AS recent_steps,
+       list(step ORDER BY step DESC) FILTER (WHERE step <= $streak_to)[1:$streak_rows] AS steps_to_fall,
+       list(step ORDER BY step DESC) FILTER (WHERE step <= $streak_to AND severity = 'critical')[1:$streak_rows]
+           AS criticals_to_fall,
        count(*) AS count,
        max(value) AS max_value,
        arg_max(message, value) AS message
@@ -327,7 +342,9 @@ ORDER BY first_critical_step NULLS LAST, first_step, detector
 """The detectors' firings on one run summarised per detector, most urgent first (``{detect_sql}`` is
 ``detectors.detect_sql()``): aggregated inside DuckDB, so a long run's many firing rows never leave it.
 ``streak_first_step``, ``streak_critical_step``: the first (critical) firing from ``$streak_from`` on (the end of
-the last dip the run recovered from); ``recent_steps``: ``diverging``'s last ``$streak_rows`` firing steps, newest first."""
+the last dip the run recovered from); ``recent_steps``: ``diverging``'s last ``$streak_rows`` firing steps, newest first;
+``steps_to_fall``, ``criticals_to_fall``: the last ``$streak_rows`` (critical) firing steps at or before
+``$streak_to`` (the fall's start), newest first."""
 
 CAUSES: dict[str, tuple[str, str]] = {
     "granularity_mismatch": (
@@ -461,13 +478,22 @@ STREAK_ROWS = 256
 
 
 def summarise_alerts(
-    runs: RunSet, run_id: str, config: DetectorConfig | None = None, streak_from: int | None = None
+    runs: RunSet,
+    run_id: str,
+    config: DetectorConfig | None = None,
+    streak_from: int | None = None,
+    streak_to: int | None = None,
 ) -> list[dict[str, Any]]:
     """Per detector that fired on ``run_id``: severity, first step, first critical step (and the first from
-    ``streak_from`` on), last (critical) step, count, strongest firing (``ALERT_SUMMARY_SQL``)."""
+    ``streak_from`` on), last (critical) step, count, strongest firing, last firings up to ``streak_to``
+    (``ALERT_SUMMARY_SQL``)."""
     config = config or DetectorConfig()
     sql = ALERT_SUMMARY_SQL.format(detect_sql=detect_sql())
-    extra = {"streak_from": -(2**62) if streak_from is None else streak_from, "streak_rows": STREAK_ROWS}
+    extra = {
+        "streak_from": -(2**62) if streak_from is None else streak_from,
+        "streak_to": 2**62 if streak_to is None else streak_to,
+        "streak_rows": STREAK_ROWS,
+    }
     return runs.sql(sql, detect_params(sql, config, run_id, extra=extra)).to_pylist()
 
 
@@ -716,7 +742,12 @@ def postmortem(
     if not label:
         raise QueryError(f"run {run_id!r} has no steps logged yet")
     label_row = label[0]
-    summary = summarise_alerts(runs, run_id, config, label_row["recovered_step"])
+    fall_guess = (
+        label_row["collapse_step"]
+        if label_row["collapse_step"] is not None
+        else label_row["ending_fall_step"]
+    )
+    summary = summarise_alerts(runs, run_id, config, label_row["recovered_step"], fall_guess)
     collapse_step = label_row["collapse_step"]
     inputs, not_evaluated = run_inputs(runs, run_id)
     end_signs = [] if collapse_step is not None else _end_signs(label_row, summary, settings)
@@ -775,7 +806,7 @@ def postmortem(
         notes = _notes(summary, evidence, label_row["ends_below"], settings)
     if diverging_score is not None:
         notes.append(f"diverging: {diverging_score}")
-    streak_alarm = _streak_alarm(summary, label_row["recovered_step"], fall_step)
+    streak_alarm = _streak_alarm(summary, label_row["recovered_step"], fall_step, _gap(label_row, config))
     lead_time = fall_step - streak_alarm if streak_alarm is not None and fall_step is not None else None
     return Verdict(
         run_id=run_id,
@@ -796,7 +827,10 @@ def postmortem(
         notes=notes,
         inputs=inputs,
         not_evaluated=not_evaluated,
-        top_alerts=[{k: v for k, v in row.items() if k != "recent_steps"} for row in summary[:10]],
+        top_alerts=[
+            {k: v for k, v in row.items() if k not in ("recent_steps", "steps_to_fall", "criticals_to_fall")}
+            for row in summary[:10]
+        ],
         confirmed_step=label_row["confirmed_step"],
         fall_step=fall_step,
         streak_first_critical=streak_alarm,
@@ -807,15 +841,32 @@ def postmortem(
     )
 
 
-def _streak_alarm(summary: list[dict[str, Any]], recovered: int | None, fall: int | None) -> int | None:
-    """The first critical alert of the streak that runs into the fall: at or before ``fall``, after the last
-    dip the run recovered from (``recovered``)."""
+def _gap(label_row: dict[str, Any], config: DetectorConfig) -> float:
+    """The longest gap between firings that still continues a streak: two blocks, or two logged rows of a
+    sparse log."""
+    spacing = label_row["last_step"] / max(label_row["updates"], 1)
+    return 2 * max(config.smooth_steps, spacing)
+
+
+def _streak_alarm(
+    summary: list[dict[str, Any]], recovered: int | None, fall: int | None, gap: float
+) -> int | None:
+    """The first critical alert of the streak that runs into the fall: firings (any detector, any severity) no
+    more than ``gap`` apart, the last of them within ``gap`` of ``fall``, none before the last dip the run
+    recovered from (``recovered``); the first critical one among them."""
     if fall is None:
         return None
-    steps = [
-        row["streak_critical_step"]
-        for row in summary
-        if row["streak_critical_step"] is not None and row["streak_critical_step"] <= fall
-        and (recovered is None or row["streak_critical_step"] >= recovered)
-    ]  # fmt: skip
-    return min(steps, default=None)
+    fired = sorted({step for row in summary for step in (row["steps_to_fall"] or [])}, reverse=True)
+    start = None
+    for step in fired:
+        if (start if start is not None else fall) - step > gap or (
+            recovered is not None and step < recovered
+        ):
+            break
+        start = step
+    if start is None:
+        return None
+    criticals = [
+        step for row in summary for step in (row["criticals_to_fall"] or []) if start <= step <= fall
+    ]
+    return min(criticals, default=None)

@@ -173,12 +173,40 @@ RISING = ("clip_rise", "kl_rise", "entropy_rise", "length_rise", "reward_std_col
 ``families_rising`` raises them."""
 
 
+def _above_warning(
+    column: str, detector: str, floor: Callable[[DetectorConfig], float]
+) -> Callable[[dict], None]:
+    """The signal at 1.5 × its detector's warning level times its quiet level: out of its quiet level, under its
+    critical bar (each detector of ``RISING`` has its critical above 1.5 × its warning, or none)."""
+
+    def apply(row: dict) -> None:
+        config = defaults()
+        row[column] = 1.5 * getattr(config, f"{detector}_warning") * max(row[column], floor(config))
+
+    return apply
+
+
+def _reward_std_dying(row: dict) -> None:
+    _declining_reward(row)
+    row["reward_std"] *= (1 - defaults().reward_std_collapse_warning) / 2
+
+
+RISING_PATTERNS: dict[str, Callable[[dict], None]] = {
+    "clip_rise": _above_warning("clip_frac", "clip_rise", lambda c: c.clip_floor),
+    "kl_rise": _above_warning("kl_old_k3", "kl_rise", lambda c: c.kl_floor),
+    "entropy_rise": _above_warning("entropy", "entropy_rise", lambda c: c.entropy_floor),
+    "length_rise": _above_warning("response_len_mean", "length_rise", lambda c: 1.0),
+    "reward_std_collapse": _reward_std_dying,
+}
+"""How ``families_rising`` moves each family: above its warning level, below its critical one."""
+
+
 def _families(count: int) -> Callable[[dict], None]:
-    """The first ``count`` patterns of ``RISING`` at once: that many families leave their quiet levels together."""
+    """The first ``count`` of ``RISING_PATTERNS`` at once: that many families leave their quiet levels together."""
 
     def apply(row: dict) -> None:
         for name in RISING[:count]:
-            PATTERNS[name](row)
+            RISING_PATTERNS[name](row)
 
     return apply
 
