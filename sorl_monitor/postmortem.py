@@ -804,6 +804,12 @@ def postmortem(
             notes.append(f"this run logs no input for {', '.join(not_evaluated)}")
     else:
         notes = _notes(summary, evidence, label_row["ends_below"], settings)
+        share, falling = label_row["end_reward_share"], label_row["ending_fall_step"]
+        if falling is not None and share is not None:
+            notes.append(
+                f"the log ends with the reward moving average at {share:.0%} of its running peak, out of its peak"
+                f" band since step {falling}: not yet low enough to call it collapsing"
+            )
     if diverging_score is not None:
         notes.append(f"diverging: {diverging_score}")
     streak_alarm = _streak_alarm(summary, label_row["recovered_step"], fall_step, _gap(label_row, config))
