@@ -25,10 +25,35 @@ for path in (ROOT, ROOT / "benchmarks"):
 
 import detector_eval  # noqa: E402
 
-from sorl_monitor.detectors import load_config  # noqa: E402
+from sorl_monitor.detectors import DetectorConfig, detect, load_config  # noqa: E402
+from sorl_monitor.query import open_runs  # noqa: E402
 
 COUNTS = (1.0, 2.0, 3.0, 4.0, 5.0, math.inf)
 """``diverging_critical`` values tried: critical from 2, 3, 4, 5, 6 families together, or off."""
+
+
+def per_count(corpus: list[str], config: DetectorConfig) -> list[str]:
+    """For each count of families, on the whole corpus: collapses where that many rise together at or before
+    the fall's start, and stable runs where they ever do (recovered dips left out)."""
+    probe = config.replace(diverging_warning=0.0, diverging_critical=math.inf)
+    with open_runs(corpus) as runs:
+        labelled = detector_eval.labels(runs, config)
+        fired = detect(runs, probe, detectors=["diverging"]).to_pylist()
+    first: dict[tuple[str, int], int] = {}
+    for row in fired:
+        for count in range(1, 7):
+            if row["value"] >= count:
+                first.setdefault((row["run_id"], count), row["step"])
+    collapsing = [r for r in labelled if r.collapse_step is not None]
+    stable = [r for r in labelled if r.collapse_step is None and not r.dipped]
+    lines = []
+    for count in range(1, 7):
+        seen = sum(first.get((r.run_id, count), math.inf) <= r.collapse_step for r in collapsing)
+        false = sum((r.run_id, count) in first for r in stable)
+        lines.append(
+            f"{count} families or more: {seen}/{len(collapsing)} collapses, {false}/{len(stable)} stable runs"
+        )
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"fit on the whole corpus: {result['fit_on_all']}")
     print(f"missed: {', '.join(loso.missed) or 'none'}")
     print(f"false alarms: {', '.join(loso.false) or 'none'}")
+    print("\nhow often several families rise together (whole corpus):")
+    print("\n".join(per_count(args.corpus, config)))
     return 0
 
 

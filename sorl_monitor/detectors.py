@@ -79,7 +79,7 @@ class DetectorConfig:
     """Look-back of every baseline: the quiet level, running peaks, robust z-scores (a short run: all of it)."""
     min_history_steps: int = 4
     """A baseline must span this many steps before a detector that uses it may fire…"""
-    min_history_blocks: int = 4
+    min_history_blocks: int = 2
     """…and hold this many blocks with logged rows: a baseline is counted in logged rows, not steps."""
 
     # ---- floors: the smallest quiet level a fold divides by, in each signal's natural unit

@@ -3,15 +3,21 @@
     verdict = postmortem(open_runs("runs/"), "my-run")
     verdict.status, verdict.collapse_step, verdict.lead_time, verdict.root_cause, verdict.remedy
 
-Collapse label (for evaluation, separate from alerts; windows in optimizer steps): the reward moving
-average over ``collapse_ma_steps`` steps falls below ``collapse_fraction`` of its running peak and is
-not back within ``collapse_recovery_steps`` steps — or the log ends below it at least
-``collapse_min_tail_steps`` steps after the drop ("the log ends collapsed") — or the loss turns
-non-finite. Lead time = collapse step − the first critical alert at or before it, in steps.
+Collapse label (for evaluation, separate from alerts; windows in optimizer steps, on the detectors' blocks): the
+reward moving average over ``collapse_ma_steps`` steps (fewer early in a run, with its blocks) falls below
+``collapse_fraction`` of its running peak and is not back within ``collapse_recovery_steps`` steps — or the log
+ends below it at least ``collapse_min_tail_steps`` steps after the drop — or the loss turns non-finite: the
+label is *confirmed* there. The collapse step is where that fall *starts* (the moving average last left its
+``peak_band``). Lead time = collapse step − the first critical alert of the alert streak that runs into the
+fall (no dip the run recovered from in between).
 
-A run that did not collapse is ``healthy``: no root cause, no remedy; what the detectors saw is listed
-as notes. For a collapse, the root cause comes from which detector family fired first up to the
-collapse, and evidence over the ``root_cause_steps`` steps before it (``steps`` and ``turns`` rows):
+The end of a log is evidence: a log that ends with its reward moving average below ``collapse_fraction`` of its
+peak, or an ``end_detectors`` critical alert in its last ``end_blocks`` blocks, is ``collapsing``; one that ends
+with ``diverging`` critical (several families above their quiet levels together), ``diverging``.
+
+Any other run is ``healthy``: no root cause, no remedy; what the detectors saw is listed as notes. For a
+collapse (or a collapsing log), the root cause comes from which detector family fired first in the streak,
+and evidence over the ``root_cause_steps`` steps before it (``steps`` and ``turns`` rows):
 
 * ``echo_trap`` — reward variance died (``echo_trap`` / ``reward_std_collapse``) before any ratio, KL,
   entropy or gradient alert;
