@@ -318,19 +318,22 @@ reward's moving average over ``reward_ma_steps`` steps (scaled down with the blo
 label's)."""
 
 
-REUSED = "coalesce(max(greatest(coalesce(ppo_epoch, 0), coalesce(policy_lag, 0))) OVER (PARTITION BY run_id) > 0, false)"
-"""SQL, per row: the run logs one row per update of reused rollouts (a PPO epoch or a policy lag above 0). Such a
-log's rows cycle with each rollout (the clip fraction climbs with each reuse), so its blocks span ``smooth_steps``
-from the start: a block never judges part of a rollout's updates against another part. (Read over the whole run,
-or the live window: a property of the trainer's settings, seen from its second update on.)"""
+REUSED = """
+    SELECT run_id, coalesce(max(greatest(coalesce(ppo_epoch, 0), coalesce(policy_lag, 0))) > 0, false) AS reused
+    FROM steps WHERE $run_id::VARCHAR IS NULL OR run_id = $run_id GROUP BY run_id"""
+"""SQL, one row per run: ``reused``, the run logs one row per update of reused rollouts (a PPO epoch or a policy
+lag above 0). Such a log's rows cycle with each rollout (the clip fraction climbs with each reuse), so its blocks
+span ``smooth_steps`` from the start: a block never judges part of a rollout's updates against another part.
+(Read over the whole run, or the live window: a property of the trainer's settings, seen from its second update
+on.)"""
 
 REUSE_COLUMNS = ("ppo_epoch", "policy_lag")
 """The columns ``REUSED`` reads."""
 
 
 def block_sql(step: str) -> str:
-    """SQL: the first step of the block ``step`` falls in (``DetectorConfig.block_start``; ``reused``, a column
-    from ``REUSED``, must be in scope). Blocks grow with the run, doubling from single steps at step
+    """SQL: the first step of the block ``step`` falls in (``DetectorConfig.block_start``; ``reused``, the column
+    of ``REUSED``, must be in scope). Blocks grow with the run, doubling from single steps at step
     ``2·smooth_growth_steps`` up to ``smooth_steps`` steps; each stage starts on a multiple of its block length, so
     blocks never overlap and a block's id is a step. A log of reused rollouts' updates has ``smooth_steps`` blocks
     throughout."""
@@ -555,11 +558,10 @@ _BY_NAME = {d.name: d for d in DETECTORS}
 FAMILY_NAMES = tuple(dict.fromkeys(d.family for d in DETECTORS))
 
 DETECT_SQL = """
-WITH logged AS (
-    SELECT *, {reused} AS reused FROM steps WHERE $run_id::VARCHAR IS NULL OR run_id = $run_id
-),
+WITH reuse AS ({reused}),
 signals AS (
-    SELECT run_id, rank, step, reused{signals} FROM logged WHERE {block_of_step} > {block_of_start}
+    SELECT run_id, rank, step, reused{signals} FROM steps JOIN reuse USING (run_id)
+    WHERE ($run_id::VARCHAR IS NULL OR run_id = $run_id) AND {block_of_step} > {block_of_start}
 ),
 blocks AS (
     SELECT run_id, rank, reused, {block_of_step} AS block, max(step) AS step{series}
@@ -630,7 +632,7 @@ def detect_sql(detectors: Sequence[Detector] = DETECTORS) -> str:
         series="".join(f", {SERIES[name][1]} AS {name}" for name in used_series(base)),
         values=", ".join(f"({d.value}) AS {d.name}" for d in base),
         joint_values="".join(f", ({d.value})::DOUBLE AS {d.name}" for d in joint),
-        reused=REUSED,
+        reused=REUSED.strip(),
         block_of_step=block_sql("step"),
         block_of_start=block_sql("$after_step - $lookback"),
         history_window=HISTORY_WINDOW.strip(),
