@@ -1,6 +1,7 @@
 """``sorl postmortem``, ``sorl report``, ``sorl compare``, ``sorl watch``: diagnose runs with the detectors.
 
-Exit status of ``sorl postmortem`` (for CI gates): 0 no collapse, 3 collapse found, 2 user error.
+Exit status of ``sorl postmortem`` (for CI gates): 0 healthy, 3 collapsed, 4 collapsing when the log ends, 5 diverging
+when the log ends, 2 user error.
 """
 
 from __future__ import annotations
@@ -38,9 +39,16 @@ from sorl_monitor.query import RunSet
 EXIT_HEALTHY = 0
 """``sorl postmortem``: healthy, no collapse labelled (alerts may still be listed as notes)."""
 EXIT_COLLAPSE = 3
-"""``sorl postmortem``: the run collapsed."""
-EXIT_NOT_JUDGED = 4
+"""``sorl postmortem``: the run collapsed (the label is confirmed)."""
+EXIT_COLLAPSING = 4
+"""``sorl postmortem``: the log ends in a fall not yet confirmed as a collapse (status ``collapsing``)."""
+EXIT_DIVERGING = 5
+"""``sorl postmortem``: the log ends with several families above their quiet levels (status ``diverging``)."""
+EXIT_NOT_JUDGED = 6
 """``sorl postmortem``: the run logs no reward, so no collapse could be judged (never called healthy)."""
+EXIT_CODES = {"healthy": EXIT_HEALTHY, "collapsed": EXIT_COLLAPSE, "collapsing": EXIT_COLLAPSING,
+              "diverging": EXIT_DIVERGING, "not_judged": EXIT_NOT_JUDGED}  # fmt: skip
+"""``sorl postmortem``'s exit status for each verdict status."""
 
 RunPath = Annotated[str, typer.Argument(help=RUN_PATH_HELP)]
 RunOption = Annotated[str | None, typer.Option("--run", help="Run id, when the folder holds several runs.")]
@@ -100,16 +108,29 @@ def print_verdict(verdict: Verdict) -> None:
         reason = (
             "non-finite loss" if verdict.collapse_reason == "nonfinite_loss" else "reward below half its peak"
         )
-        console.print(f"  status          [bold red]collapsed at step {verdict.collapse_step}[/] ({reason})")
+        console.print(f"  status          [bold red]collapsed[/]: the fall starts at step {verdict.collapse_step}, "
+                      f"confirmed at {verdict.confirmed_step} ({reason})", highlight=False)  # fmt: skip
+    elif verdict.status == "collapsing":
+        start = "" if verdict.fall_step is None else f" (the fall starts at step {verdict.fall_step})"
+        console.print(f"  status          [bold red]collapsing when the log ends[/]{start}", highlight=False)
+    elif verdict.status == "diverging":
+        console.print(f"  status          [bold yellow]diverging when the log ends[/]: {verdict.diverging_score}",
+                      highlight=False)  # fmt: skip
     elif verdict.status == "not_judged":
         console.print("  status          [yellow]not judged[/] (no reward logged)")
     else:
         console.print("  status          [green]healthy[/] (no collapse)")
     console.print(f"  first warning   {_or_dash(verdict.first_warning)}")
     console.print(f"  first critical  {_or_dash(verdict.first_critical)}")
-    if verdict.collapsed:
-        lead = "no critical alert before it" if verdict.lead_time is None else f"{verdict.lead_time} steps"
-        console.print(f"  lead time       {lead}")
+    if verdict.fall_step is not None:
+        alarm = verdict.streak_first_critical
+        lead = (
+            "no critical alert before it"
+            if alarm is None
+            else f"{verdict.lead_time} steps (critical at {alarm})"
+        )
+        console.print(f"  lead time       {lead}", highlight=False)
+    if verdict.root_cause is not None:
         console.print(f"[bold]root cause[/]: {verdict.root_cause}: {verdict.explanation}", highlight=False)
         evidence = ", ".join(
             f"{k}={_or_dash(verdict.evidence.get(k))}"
@@ -151,7 +172,8 @@ def postmortem(
 ) -> None:
     """Timeline, collapse, lead time, and for a collapse its root cause and remedy, of one run or log.
 
-    Exit status: 0 healthy, 3 collapse found, 4 not judged (no reward logged), 2 user error.
+    Exit status: 0 healthy, 3 collapsed, 4 collapsing when the log ends, 5 diverging when the log ends,
+    6 not judged (no reward logged), 2 user error.
     """
     configs = _configs(config_file, set_)
     with open_or_fail(run, fmt, options=log_options(map_, logging_steps, config_file)) as run_set:
@@ -160,9 +182,7 @@ def postmortem(
         typer.echo(json.dumps(verdict.to_dict()))
     else:
         print_verdict(verdict)
-    if verdict.status == "not_judged":
-        raise typer.Exit(EXIT_NOT_JUDGED)
-    raise typer.Exit(EXIT_COLLAPSE if verdict.collapsed else EXIT_HEALTHY)
+    raise typer.Exit(EXIT_CODES[verdict.status])
 
 
 @user_errors

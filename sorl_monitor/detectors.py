@@ -69,14 +69,18 @@ class DetectorConfig:
 
     # ---- time (optimizer steps)
     smooth_steps: int = 8
-    """Block length: every signal is averaged over blocks of this many steps (``step // smooth_steps``), and each
-    detector judges each block (a block still being written, on its rows so far)."""
+    """Longest block: every signal is averaged over blocks of at most this many steps, and each detector judges
+    each block (a block still being written, on its rows so far)."""
+    smooth_growth_steps: int = 32
+    """Blocks grow with the run (its own clock): a block at step ``s`` spans ``2^⌊log2(s / smooth_growth_steps)⌋``
+    steps (at least 1, at most ``smooth_steps``): single steps before step 64, 8 steps from step 256. A block
+    never holds less than one logged row, so a short log is judged row by row; 1 = ``smooth_steps`` from the start."""
     history_steps: int = 256
-    """Look-back of every baseline: the quiet level, running peaks, robust z-scores."""
-    min_history_steps: int = 16
+    """Look-back of every baseline: the quiet level, running peaks, robust z-scores (a short run: all of it)."""
+    min_history_steps: int = 4
     """A baseline must span this many steps before a detector that uses it may fire…"""
     min_history_blocks: int = 2
-    """…and hold this many blocks with logged rows (sparse logs)."""
+    """…and hold this many blocks with logged rows: a baseline is counted in logged rows, not steps."""
 
     # ---- floors: the smallest quiet level a fold divides by, in each signal's natural unit
     clip_floor: float = 0.02
@@ -136,15 +140,38 @@ class DetectorConfig:
     truncation_rise_warning: float = 3.0
     truncation_rise_critical: float = math.inf
     # ---- reward_drop: 1 − the block's mean reward ÷ its running peak
+    reward_ma_steps: int = 32
+    """reward_drop judges the reward's moving average over this many steps once blocks span ``smooth_steps`` (early
+    in a run, in proportion to its shorter blocks), as the collapse label does: a noisy row is not a drop."""
     reward_drop_warning: float = 0.25
     reward_drop_critical: float = math.inf
     """Off: the collapse label is defined on the same series, so it would measure itself."""
     # ---- nonfinite: NaN/Inf inputs counted by the monitor plus non-finite loss, grad norm, KL, ratio, entropy
     nonfinite_warning: float = 0.0
     nonfinite_critical: float = 0.0
+    # ---- diverging: how many independent families (DIVERGING_FAMILIES) are above their quiet levels together,
+    # each family counted when one of its detectors passes its own warning level in the block
+    diverging_warning: float = 2.0
+    """Warns from 3 families together."""
+    diverging_critical: float = 3.0
+    """Critical from 4 families together (calibrated on the corpus, docs/detectors.md)."""
 
     def __post_init__(self) -> None:
         check_settings(self, "detector setting")
+
+    @property
+    def smooth_full_step(self) -> int:
+        """The first step from which blocks span ``smooth_steps`` (before it they are shorter)."""
+        return self.smooth_growth_steps * (1 << max(0, (self.smooth_steps - 1).bit_length()))
+
+    def block_start(self, step: int, reused: bool = False) -> int:
+        """The first step of the block ``step`` falls in (``block_sql`` in Python; ``reused``: see ``REUSED``)."""
+        if reused:
+            return self.smooth_steps * (step // self.smooth_steps)
+        if step >= self.smooth_full_step:
+            return max(self.smooth_full_step, self.smooth_steps * (step // self.smooth_steps))
+        size = 1 << max(0, max(step // self.smooth_growth_steps, 1).bit_length() - 1)
+        return size * (step // size)
 
     @property
     def lookback_steps(self) -> int:
@@ -247,19 +274,75 @@ report it; ``kl_to_old``: k3, k2, the trainer's own estimator, |k1|); non-finite
 ``nonfinite`` detector counts them), and so are exact zeros of the grad norm (no-gradient batches) and
 of the KL (an update on its own rollout)."""
 
+
+def _growing_size_sql(step: str) -> str:
+    """SQL: ``2^⌊log2(step / smooth_growth_steps)⌋`` (at least 1), a block's length before ``smooth_full_step``."""
+    return f"(1::BIGINT << floor(log2(greatest(({step}) // $smooth_growth_steps, 1)))::BIGINT)"
+
+
+def block_size_sql(block: str) -> str:
+    """SQL: how many steps the block starting at step ``block`` spans (``block_sql``'s stages)."""
+    return (
+        f"(CASE WHEN ({block}) >= $smooth_full_step THEN $smooth_steps ELSE {_growing_size_sql(block)} END)"
+    )
+
+
+def ma_span_sql(block: str, steps: str) -> str:
+    """SQL: a moving average's ``RANGE`` look-back at the block starting at ``block``: ``steps`` once blocks are
+    full length, in proportion to the block's length before (4 steps for a one-step block when ``steps`` is 32)."""
+    return f"(greatest(1, {steps} * {block_size_sql(block)} // $smooth_steps) - 1)"
+
+
 SERIES: dict[str, tuple[str, str]] = {
     **{f"{name}_s": (name, f"avg({name})") for name in SIGNALS if name != "grad_log"},
     "grad_log_max": ("grad_log", "max(grad_log)"),
+    "reward_ma": (
+        "reward",
+        "avg(avg(reward)) OVER (PARTITION BY run_id, rank ORDER BY block RANGE BETWEEN "
+        + ma_span_sql("block", "$reward_ma_steps")
+        + " PRECEDING AND CURRENT ROW)",
+    ),
     "nonfinite_n": ("nonfinite", "sum(nonfinite)"),
 }
 """What a block keeps of each signal: name → (the signal, its aggregate over the block's rows). ``<signal>_s``
-is the block mean (the smoothed signal); ``grad_log_max`` the block's largest ln(grad norm)."""
+is the block mean (the smoothed signal); ``grad_log_max`` the block's largest ln(grad norm); ``reward_ma`` the
+reward's moving average over ``reward_ma_steps`` steps (scaled down with the blocks early in a run, as the collapse
+label's)."""
+
+
+REUSED = """
+    SELECT run_id, coalesce(max(greatest(coalesce(ppo_epoch, 0), coalesce(policy_lag, 0))) > 0, false) AS reused
+    FROM steps WHERE $run_id::VARCHAR IS NULL OR run_id = $run_id GROUP BY run_id"""
+"""SQL, one row per run: ``reused``, the run logs one row per update of reused rollouts (a PPO epoch or a policy
+lag above 0). Such a log's rows cycle with each rollout (the clip fraction climbs with each reuse), so its blocks
+span ``smooth_steps`` from the start: a block never judges part of a rollout's updates against another part.
+(Read over the whole run, or the live window: a property of the trainer's settings, seen from its second update
+on.)"""
+
+REUSE_COLUMNS = ("ppo_epoch", "policy_lag")
+"""The columns ``REUSED`` reads."""
+
+
+def block_sql(step: str) -> str:
+    """SQL: the first step of the block ``step`` falls in (``DetectorConfig.block_start``; ``reused``, the column
+    of ``REUSED``, must be in scope). Blocks grow with the run, doubling from single steps at step
+    ``2·smooth_growth_steps`` up to ``smooth_steps`` steps; each stage starts on a multiple of its block length, so
+    blocks never overlap and a block's id is a step. A log of reused rollouts' updates has ``smooth_steps`` blocks
+    throughout."""
+    size = _growing_size_sql(step)
+    return (
+        f"(CASE WHEN reused THEN $smooth_steps * (({step}) // $smooth_steps)"
+        f" WHEN ({step}) >= $smooth_full_step"
+        f" THEN greatest($smooth_full_step, $smooth_steps * (({step}) // $smooth_steps))"
+        f" ELSE {size} * (({step}) // {size}) END)"
+    )
+
 
 HISTORY_WINDOW = """
     history AS (PARTITION BY run_id, rank ORDER BY block
-                RANGE BETWEEN $history_blocks PRECEDING AND CURRENT ROW EXCLUDE CURRENT ROW)"""
-"""Detector values may use ``OVER history``: the blocks of the previous ``history_steps`` steps, never the
-current one. (``EXCLUDE CURRENT ROW``: DuckDB evaluates a ``RANGE`` frame ending ``1 PRECEDING`` far slower.)"""
+                RANGE BETWEEN $history_steps PRECEDING AND CURRENT ROW EXCLUDE CURRENT ROW)"""
+"""Detector values may use ``OVER history``: the blocks of the previous ``history_steps`` steps (a block's id is
+its first step), never the current one. (``EXCLUDE CURRENT ROW``: DuckDB evaluates a ``RANGE`` frame ending ``1 PRECEDING`` far slower.)"""
 
 
 KNOWN = (
@@ -289,7 +372,7 @@ BELOW_PEAK = "reward_s < $echo_below_peak * max(reward_s) OVER history"
 """The reward is below its running peak: reward variance dying there is not a converged policy."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Detector:
     """One named detector: a SQL expression ``value`` for each step, and the signals it reads.
 
@@ -298,7 +381,9 @@ class Detector:
     detector does not apply. An alert is raised where ``value > $<name>_warning`` (critical above
     ``$<name>_critical``); ``message`` is a ``printf`` format taking the value and the threshold (and, as
     ``%3$`` and ``%4$``, both × 100, for fractions printed as percentages).
-    ``family`` groups detectors by what went wrong (the post-mortem reasons about families).
+    ``family`` groups detectors by what went wrong (the post-mortem reasons about families). A *joint* detector
+    (``reads``) combines other detectors' values in the same block (its ``value`` names them and their
+    ``$<name>_warning``), and is computed after them.
     """
 
     name: str
@@ -307,6 +392,7 @@ class Detector:
     signals: tuple[str, ...]
     value: str
     message: str
+    reads: tuple[str, ...] = ()
 
     @property
     def warning_key(self) -> str:
@@ -318,8 +404,10 @@ class Detector:
 
     @property
     def columns(self) -> tuple[str, ...]:
-        """The ``steps`` columns that carry this detector's inputs (of a signal's columns, any one will do)."""
-        return tuple(dict.fromkeys(c for s in self.signals for c in SIGNALS[s].columns))
+        """The ``steps`` columns that carry this detector's inputs (of a signal's columns, any one will do; a
+        joint detector's: those of the detectors it reads)."""
+        signals = [*self.signals, *(s for name in self.reads for s in _BY_NAME[name].signals)]
+        return tuple(dict.fromkeys(c for s in signals for c in SIGNALS[s].columns))
 
     @property
     def sql(self) -> str:
@@ -327,108 +415,135 @@ class Detector:
         return detect_sql((self,))
 
 
-DETECTORS: tuple[Detector, ...] = (
+DIVERGING_FAMILIES = ("ratio", "kl", "entropy", "length", "gradient", "reward_variance")
+"""The independent families ``diverging`` counts: importance ratios / clipping, KL (to the behaviour or the
+reference policy), entropy (up or down), length or truncation, grad norm, reward variance. Not ``reward`` (the
+collapse label's own series) and not ``blowup`` (non-finite values are critical on their own)."""
+
+_BASE_DETECTORS: tuple[Detector, ...] = (
     Detector(
-        "clip_rise", "ratio",
-        "Token clip fraction (clip_frac, or the share where the clip binds: verl pg_clipfrac, TRL clip_ratio)"
-        " ÷ its quiet level, floored at clip_floor.",
-        ("clip",), _fold("clip", "$clip_floor", before_history=True),
-        "token clip fraction %.3g× its quiet level (threshold %.3g×)",
+        name="clip_rise", family="ratio",
+        description="Token clip fraction (clip_frac, or the share where the clip binds: verl pg_clipfrac, TRL"
+        " clip_ratio) ÷ its quiet level, floored at clip_floor.",
+        signals=("clip",), value=_fold("clip", "$clip_floor", before_history=True),
+        message="token clip fraction %.3g× its quiet level (threshold %.3g×)",
     ),
     Detector(
-        "turn_clip_rise", "ratio",
-        "Share of turns whose turn-level ratio w̄_k = mean_{t∈k} r_t lies outside the trust region"
+        name="turn_clip_rise", family="ratio",
+        description="Share of turns whose turn-level ratio w̄_k = mean_{t∈k} r_t lies outside the trust region"
         " (clip_frac_turn) ÷ its quiet level, floored at clip_floor.",
-        ("turn_clip",), _fold("turn_clip", "$clip_floor", before_history=True),
-        "share of turns outside the trust region %.3g× its quiet level (threshold %.3g×)",
+        signals=("turn_clip",), value=_fold("turn_clip", "$clip_floor", before_history=True),
+        message="share of turns outside the trust region %.3g× its quiet level (threshold %.3g×)",
     ),
     Detector(
-        "kl_rise", "kl",
-        "KL to the behaviour policy (k3, k2, the trainer's own estimator, or |k1|) ÷ its quiet level,"
+        name="kl_rise", family="kl",
+        description="KL to the behaviour policy (k3, k2, the trainer's own estimator, or |k1|) ÷ its quiet level,"
         " floored at kl_floor (about the KL at the trust-region edge).",
-        ("kl_to_old",), _fold("kl_to_old", "$kl_floor", before_history=True),
-        "KL to the behaviour policy %.3g× its quiet level (threshold %.3g×)",
+        signals=("kl_to_old",), value=_fold("kl_to_old", "$kl_floor", before_history=True),
+        message="KL to the behaviour policy %.3g× its quiet level (threshold %.3g×)",
     ),
     Detector(
-        "kl_ref_rise", "kl",
-        "KL to the reference policy ÷ its quiet level, floored at kl_floor.",
-        ("kl_to_ref",), _fold("kl_to_ref", "$kl_floor"),
-        "KL to the reference policy %.3g× its quiet level (threshold %.3g×)",
+        name="kl_ref_rise", family="kl",
+        description="KL to the reference policy ÷ its quiet level, floored at kl_floor.",
+        signals=("kl_to_ref",), value=_fold("kl_to_ref", "$kl_floor"),
+        message="KL to the reference policy %.3g× its quiet level (threshold %.3g×)",
     ),
     Detector(
-        "ratio_tail_rise", "ratio",
-        "ln of the token ratio's 99th percentile ÷ its quiet level, floored at ln 1.2 (the trust region's edge).",
-        ("ratio_tail",), _fold("ratio_tail", "0.1823"),
-        "token-ratio tail (ln p99) %.3g× its quiet level (threshold %.3g×)",
+        name="ratio_tail_rise", family="ratio",
+        description="ln of the token ratio's 99th percentile ÷ its quiet level, floored at ln 1.2 (the trust"
+        " region's edge).",
+        signals=("ratio_tail",), value=_fold("ratio_tail", "0.1823"),
+        message="token-ratio tail (ln p99) %.3g× its quiet level (threshold %.3g×)",
     ),
     Detector(
-        "entropy_rise", "entropy",
-        "Entropy ÷ its quiet level, floored at entropy_floor: the policy turning random.",
-        ("token_entropy",), _fold("token_entropy", "$entropy_floor"),
-        "entropy %.3g× its quiet level (threshold %.3g×)",
+        name="entropy_rise", family="entropy",
+        description="Entropy ÷ its quiet level, floored at entropy_floor: the policy turning random.",
+        signals=("token_entropy",), value=_fold("token_entropy", "$entropy_floor"),
+        message="entropy %.3g× its quiet level (threshold %.3g×)",
     ),
     Detector(
-        "entropy_collapse", "entropy",
-        "Entropy drop: 1 − entropy ÷ its high level over the history.",
-        ("token_entropy",), _peak_fraction("token_entropy_s"),
-        "entropy fell by %3$.0f %% of its high level (threshold %4$.0f %%)",
+        name="entropy_collapse", family="entropy",
+        description="Entropy drop: 1 − entropy ÷ its high level over the history.",
+        signals=("token_entropy",), value=_peak_fraction("token_entropy_s"),
+        message="entropy fell by %3$.0f %% of its high level (threshold %4$.0f %%)",
     ),
     Detector(
-        "grad_norm_spike", "gradient",
-        "z-score of ln(grad norm) against its mean and spread over the history (spread floored at"
+        name="grad_norm_spike", family="gradient",
+        description="z-score of ln(grad norm) against its mean and spread over the history (spread floored at"
         " grad_min_log_spread): a spike on a log scale, as OLMo's grad-norm spike rule on the raw norm;"
         " exact zeros (no-gradient batches) are skipped, not spikes.",
-        ("grad_log",),
-        f"""CASE WHEN grad_log_max IS NOT NULL AND {KNOWN}
+        signals=("grad_log",),
+        value=f"""CASE WHEN grad_log_max IS NOT NULL AND {KNOWN}
                 THEN (grad_log_max - avg(grad_log_max) OVER history)
                      / greatest(stddev_pop(grad_log_max) OVER history, $grad_min_log_spread) END""",
-        "grad norm spike: robust z of ln(grad norm) = %.3g (threshold %.3g)",
+        message="grad norm spike: robust z of ln(grad norm) = %.3g (threshold %.3g)",
     ),
     Detector(
-        "echo_trap", "reward_variance",
-        "Echo Trap: smoothed share of GRPO groups whose rewards are all equal, once it has risen by"
+        name="echo_trap", family="reward_variance",
+        description="Echo Trap: smoothed share of GRPO groups whose rewards are all equal, once it has risen by"
         " echo_trap_rise above its quiet level, while the reward is below echo_below_peak × its running peak.",
-        ("zero_std", "reward"),
-        f"""CASE WHEN {KNOWN}
+        signals=("zero_std", "reward"),
+        value=f"""CASE WHEN {KNOWN}
                  AND zero_std_s - min(zero_std_s) OVER history >= $echo_trap_rise
                  AND {BELOW_PEAK} THEN zero_std_s END""",
-        "%3$.0f %% of reward groups have zero reward std (threshold %4$.0f %%)",
+        message="%3$.0f %% of reward groups have zero reward std (threshold %4$.0f %%)",
     ),
     Detector(
-        "reward_std_collapse", "reward_variance",
-        "Reward std drop: 1 − σ̄ ÷ its high level, while the reward is below echo_below_peak × its running peak.",
-        ("reward_spread", "reward"),
-        f"CASE WHEN {BELOW_PEAK} THEN {_peak_fraction('reward_spread_s')} END",
-        "reward std fell by %3$.0f %% of its high level (threshold %4$.0f %%)",
+        name="reward_std_collapse", family="reward_variance",
+        description="Reward std drop: 1 − σ̄ ÷ its high level, while the reward is below echo_below_peak × its"
+        " running peak.",
+        signals=("reward_spread", "reward"),
+        value=f"CASE WHEN {BELOW_PEAK} THEN {_peak_fraction('reward_spread_s')} END",
+        message="reward std fell by %3$.0f %% of its high level (threshold %4$.0f %%)",
     ),
     Detector(
-        "length_rise", "length",
-        "Mean response (or completion) length ÷ its quiet level.",
-        ("length",), _fold("length", "1"),
-        "responses %.3g× as long as their quiet level (threshold %.3g×)",
+        name="length_rise", family="length",
+        description="Mean response (or completion) length ÷ its quiet level.",
+        signals=("length",), value=_fold("length", "1"),
+        message="responses %.3g× as long as their quiet level (threshold %.3g×)",
     ),
     Detector(
-        "truncation_rise", "length",
-        "Share of completions that hit the length limit ÷ its quiet level, floored at truncation_floor.",
-        ("truncation",), _fold("truncation", "$truncation_floor"),
-        "share of truncated completions %.3g× its quiet level (threshold %.3g×)",
+        name="truncation_rise", family="length",
+        description="Share of completions that hit the length limit ÷ its quiet level, floored at truncation_floor.",
+        signals=("truncation",), value=_fold("truncation", "$truncation_floor"),
+        message="share of truncated completions %.3g× its quiet level (threshold %.3g×)",
     ),
     Detector(
-        "reward_drop", "reward",
-        "Reward drop: 1 − R̄ ÷ max R̄ over the history, R̄ the block's mean reward.",
-        ("reward",),
-        f"""CASE WHEN {KNOWN} AND max(reward_s) OVER history > 0
-                THEN 1 - reward_s / max(reward_s) OVER history END""",
-        "reward moving average fell by %3$.0f %% of its running peak (threshold %4$.0f %%)",
+        name="reward_drop", family="reward",
+        description="Reward drop: 1 − R̄ ÷ max R̄ over the history, R̄ the reward's moving average over"
+        " reward_ma_steps steps (fewer early in a run, with its blocks).",
+        signals=("reward",),
+        value=f"""CASE WHEN {KNOWN} AND max(reward_ma) OVER history > 0
+                THEN 1 - reward_ma / max(reward_ma) OVER history END""",
+        message="reward moving average fell by %3$.0f %% of its running peak (threshold %4$.0f %%)",
     ),
     Detector(
-        "nonfinite", "blowup",
-        "Non-finite values: the monitor's nonfinite_count plus one for each of loss, pg_loss, grad_norm,"
-        " kl_old_k3, ratio_max, entropy that is NaN or ±Inf.",
-        ("nonfinite",), "nonfinite_n",
-        "%.0f non-finite values (threshold %.0f)",
+        name="nonfinite", family="blowup",
+        description="Non-finite values: the monitor's nonfinite_count plus one for each of loss, pg_loss,"
+        " grad_norm, kl_old_k3, ratio_max, entropy that is NaN or ±Inf.",
+        signals=("nonfinite",), value="nonfinite_n",
+        message="%.0f non-finite values (threshold %.0f)",
     ),
 )  # fmt: skip
+
+
+def _family_up(family: str) -> str:
+    """SQL: 1 when one of ``family``'s detectors is above its own warning level in this block, else 0."""
+    members = [d for d in _BASE_DETECTORS if d.family == family]
+    above = " OR ".join(f"{d.name} > ${d.warning_key}" for d in members)
+    return f"(CASE WHEN coalesce({above}, false) THEN 1 ELSE 0 END)"
+
+
+DIVERGING = Detector(
+    name="diverging", family="divergence",
+    description="How many independent families (DIVERGING_FAMILIES) are above their quiet levels in the same"
+    " block, a family counting when one of its detectors passes its own warning level.",
+    signals=(), value=" + ".join(_family_up(f) for f in DIVERGING_FAMILIES),
+    message="%.0f families above their quiet levels together (threshold %.0f)",
+    reads=tuple(d.name for d in _BASE_DETECTORS if d.family in DIVERGING_FAMILIES),
+)  # fmt: skip
+
+DETECTORS: tuple[Detector, ...] = (*_BASE_DETECTORS, DIVERGING)
 """Every detector, in the order alerts are listed."""
 
 DETECTOR_NAMES = tuple(d.name for d in DETECTORS)
@@ -436,19 +551,20 @@ _BY_NAME = {d.name: d for d in DETECTORS}
 FAMILY_NAMES = tuple(dict.fromkeys(d.family for d in DETECTORS))
 
 DETECT_SQL = """
-WITH signals AS (
-    SELECT run_id, rank, step{signals} FROM steps
-    WHERE ($run_id::VARCHAR IS NULL OR run_id = $run_id)
-          AND step // $smooth_steps > ($after_step - $lookback) // $smooth_steps
+WITH reuse AS ({reused}),
+signals AS (
+    SELECT run_id, rank, step, reused{signals} FROM steps JOIN reuse USING (run_id)
+    WHERE ($run_id::VARCHAR IS NULL OR run_id = $run_id) AND {block_of_step} > {block_of_start}
 ),
 blocks AS (
-    SELECT run_id, rank, step // $smooth_steps AS block, max(step) AS step{series}
-    FROM signals GROUP BY run_id, rank, block
+    SELECT run_id, rank, reused, {block_of_step} AS block, max(step) AS step{series}
+    FROM signals GROUP BY run_id, rank, reused, block
 ),
-detector_values AS (
+base_values AS (
     SELECT run_id, rank, step, {values} FROM blocks
     WINDOW {history_window}
 ),
+detector_values AS (SELECT *{joint_values} FROM base_values),
 fired AS (
     SELECT run_id, step, detector, value,
            CASE WHEN value > critical THEN 'critical' ELSE 'warning' END AS severity,
@@ -463,9 +579,10 @@ QUALIFY row_number() OVER (PARTITION BY run_id, step, detector
                            ORDER BY severity = 'critical' DESC, value DESC) = 1
 ORDER BY run_id, step, detector
 """
-"""All selected detectors in one pass. Each rank's rows are averaged per block of ``smooth_steps`` steps
-(rows a trainer splits one step's scalars over are averaged with the rest); each block's firing is
-reported at its last logged step; ranks are merged last (the most severe firing wins).
+"""All selected detectors in one pass. Each rank's rows are averaged per block (``block_sql``: up to
+``smooth_steps`` steps; rows a trainer splits one step's scalars over are averaged with the rest); joint
+detectors combine the others' values in the same block; each block's firing is reported at its last logged
+step; ranks are merged last (the most severe firing wins).
 This template is the only place detector SQL is put together."""
 
 
@@ -500,10 +617,17 @@ def detect_sql(detectors: Sequence[Detector] = DETECTORS) -> str:
     """The one query that runs ``detectors`` over a relation called ``steps``."""
     if not detectors:
         raise ValueError("no detectors selected")
+    joint = [d for d in detectors if d.reads]
+    wanted = {d.name for d in detectors if not d.reads} | {name for d in joint for name in d.reads}
+    base = [d for d in DETECTORS if d.name in wanted]
     return DETECT_SQL.format(
-        signals="".join(f", {SIGNALS[name].expression} AS {name}" for name in used_signals(detectors)),
-        series="".join(f", {SERIES[name][1]} AS {name}" for name in used_series(detectors)),
-        values=", ".join(f"({d.value}) AS {d.name}" for d in detectors),
+        signals="".join(f", {SIGNALS[name].expression} AS {name}" for name in used_signals(base)),
+        series="".join(f", {SERIES[name][1]} AS {name}" for name in used_series(base)),
+        values=", ".join(f"({d.value}) AS {d.name}" for d in base),
+        joint_values="".join(f", ({d.value})::DOUBLE AS {d.name}" for d in joint),
+        reused=REUSED.strip(),
+        block_of_step=block_sql("step"),
+        block_of_start=block_sql("$after_step - $lookback"),
         history_window=HISTORY_WINDOW.strip(),
         names=", ".join(d.name for d in detectors),
         thresholds=", ".join(
@@ -517,11 +641,15 @@ _PARAMETER = re.compile(r"\$([a-z_][a-z0-9_]*)")
 
 
 def detect_params(
-    sql: str, config: DetectorConfig, run_id: str | None = None, after_step: int | None = None
+    sql: str,
+    config: DetectorConfig,
+    run_id: str | None = None,
+    after_step: int | None = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The named parameters ``sql`` uses, from ``config`` (plus run filter and step range)."""
-    values = config.to_dict()
-    values["history_blocks"] = max(1, config.history_steps // config.smooth_steps)
+    """The named parameters ``sql`` uses, from ``config`` (plus run filter, step range and ``extra`` values)."""
+    values = {**config.to_dict(), **(extra or {})}
+    values["smooth_full_step"] = config.smooth_full_step
     values.update(_window_params(config, run_id, after_step))
     return bind(sql, values)
 
@@ -541,7 +669,8 @@ def _window_params(config: DetectorConfig, run_id: str | None, after_step: int |
 def required_columns(detectors: Sequence[Detector] = DETECTORS) -> tuple[str, ...]:
     """``steps`` columns the detectors read (besides the keys ``run_id, rank, step``)."""
     return tuple(sorted({c for d in detectors for c in d.columns} | {c for s in used_signals(detectors)
-                                                                      for c in SIGNALS[s].columns}))  # fmt: skip
+                                                                      for c in SIGNALS[s].columns}
+                        | set(REUSE_COLUMNS)))  # fmt: skip
 
 
 def with_columns(steps: pa.Table, columns: Iterable[str], run_id: str = "live") -> pa.Table:

@@ -38,7 +38,14 @@ import pyarrow.compute as pc
 from sorl_monitor.detectors import ALERT_COLUMNS, ArrowDetector, DetectorConfig, with_columns
 from sorl_monitor.figures.series import column_values
 from sorl_monitor.logs import LogOptions
-from sorl_monitor.postmortem import COLLAPSE_SQL, PostmortemConfig, Verdict, collapse_params, postmortem
+from sorl_monitor.postmortem import (
+    COLLAPSE_SQL,
+    LABEL_COLUMNS,
+    PostmortemConfig,
+    Verdict,
+    collapse_params,
+    postmortem,
+)
 from sorl_monitor.query import (
     READ_PARTS_SQL,
     STALE_AFTER_S,
@@ -404,7 +411,7 @@ class LiveRuns:
         rows = self.logged_steps(run_id)
         if rows.num_rows == 0:
             return None
-        self._con.register("steps", with_columns(rows, ["reward_mean", "loss", "pg_loss"], run_id))
+        self._con.register("steps", with_columns(rows, LABEL_COLUMNS, run_id))
         try:
             params = collapse_params(self.detector_config, self.postmortem_config, run_id)
             result = self._con.sql(COLLAPSE_SQL, params=params).to_arrow_table().to_pylist()

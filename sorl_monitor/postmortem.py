@@ -3,17 +3,23 @@
     verdict = postmortem(open_runs("runs/"), "my-run")
     verdict.status, verdict.collapse_step, verdict.lead_time, verdict.root_cause, verdict.remedy
 
-Collapse label (for evaluation, separate from alerts; windows in optimizer steps): the reward moving
-average over ``collapse_ma_steps`` steps falls below ``collapse_fraction`` of its running peak and is
-not back within ``collapse_recovery_steps`` steps — or the log ends below it at least
-``collapse_min_tail_steps`` steps after the drop ("the log ends collapsed") — or the loss turns
-non-finite. Lead time = collapse step − the first critical alert at or before it, in steps.
+Collapse label (for evaluation, separate from alerts; windows in optimizer steps, on the detectors' blocks): the
+reward moving average over ``collapse_ma_steps`` steps (fewer early in a run, with its blocks) falls below
+``collapse_fraction`` of its running peak and is not back within ``collapse_recovery_steps`` steps — or the log
+ends below it at least ``collapse_min_tail_steps`` steps after the drop — or the loss turns non-finite: the
+label is *confirmed* there. The collapse step is where that fall *starts* (the moving average last left its
+``peak_band``). Lead time = collapse step − the first critical alert of the alert streak that runs into the
+fall (no dip the run recovered from in between).
 
-A run that did not collapse is ``healthy``: no root cause, no remedy; what the detectors saw is listed
-as notes. A run without a finite ``reward_mean`` in any row and no non-finite loss is ``not_judged``: the
-label has nothing to judge it by, and a note names what it lacks. For a collapse, the root cause comes
-from which detector family fired first up to the collapse, and evidence over the ``root_cause_steps``
-steps before it (``steps`` and ``turns`` rows):
+The end of a log is evidence: a log that ends with its reward moving average below ``collapse_fraction`` of its
+peak, or an ``end_detectors`` critical alert in its last ``end_blocks`` blocks, is ``collapsing``; one that ends
+with ``diverging`` critical (several families above their quiet levels together), ``diverging``. A run without a
+finite ``reward_mean`` in any row and no non-finite loss is ``not_judged``: the label has nothing to judge it by,
+and a note names what it lacks.
+
+Any other run is ``healthy``: no root cause, no remedy; what the detectors saw is listed as notes. For a
+collapse (or a collapsing log), the root cause comes from which detector family fired first in the streak,
+and evidence over the ``root_cause_steps`` steps before it (``steps`` and ``turns`` rows):
 
 * ``echo_trap`` — reward variance died (``echo_trap`` / ``reward_std_collapse``) before any ratio, KL,
   entropy or gradient alert;
@@ -36,6 +42,7 @@ reads both from one TOML file and ``--set name=value`` overrides, as the CLI and
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 from collections.abc import Iterable
@@ -47,13 +54,19 @@ import pyarrow as pa
 
 from sorl_monitor.detectors import (
     DETECTORS,
+    DIVERGING,
+    DIVERGING_FAMILIES,
     OLD_NAMES,
+    REUSE_COLUMNS,
+    REUSED,
     SIGNALS,
     DetectorConfig,
     bind,
+    block_sql,
     config_from_mapping,
     detect_params,
     detect_sql,
+    ma_span_sql,
 )
 from sorl_monitor.query import QueryError, RunSet
 from sorl_monitor.settings import check_settings, parse_assignments, read_toml, replace_settings
@@ -68,7 +81,8 @@ class PostmortemConfig:
 
     # ---- collapse label (evaluation, not an alert)
     collapse_ma_steps: int = 32
-    """Reward moving average of the collapse label, in steps."""
+    """Reward moving average of the collapse label, over this many steps once the detectors' blocks span
+    ``smooth_steps``; early in a run, in proportion to its shorter blocks (4 steps while they span one)."""
     collapse_fraction: float = 0.5
     """Collapse: the reward moving average falls below this share of its running peak…"""
     collapse_recovery_steps: int = 64
@@ -77,7 +91,16 @@ class PostmortemConfig:
     """…or the log ends below it at least this many steps after the drop ("the log ends collapsed")."""
     collapse_min_peak: float = 0.0
     """The running peak must exceed this for a drop to count (rewards near zero are noise)."""
-
+    peak_band: float = 0.1
+    """The moving average is *at its peak* within this share of its running peak: a fall starts where it leaves
+    this band for the last time before the collapse, and a dip ends where it comes back into it."""
+    end_detectors: tuple[str, ...] = ("entropy_rise", "nonfinite")
+    """Critical alerts of these in the log's last ``end_blocks`` blocks mean it ends in a blow-up (the policy
+    turning random, non-finite values); KL and length blowing up count through ``diverging``."""
+    end_blocks: int = 2
+    """The end of a log: its last this many blocks. A log whose reward moving average ends below
+    ``collapse_fraction`` of its peak, or with an ``end_detectors`` critical alert in them, is ``collapsing`` (not yet a confirmed
+    collapse); with ``diverging`` critical there and the reward still up, ``diverging``."""
     # ---- root cause
     root_cause_steps: int = 128
     """The post-mortem's evidence window: this many steps up to the collapse (or the run's end)."""
@@ -141,17 +164,23 @@ def _without_log_tables(values: dict) -> dict:
     return {k: v for k, v in values.items() if k not in ("map", "logs")}
 
 
-COLLAPSE_SQL = """
-WITH blocks AS (
-    SELECT run_id, step // $smooth_steps AS block, max(step) AS step, count(*) AS rows_logged,
+LABEL_COLUMNS = ("reward_mean", "loss", "pg_loss", *REUSE_COLUMNS)
+"""The ``steps`` columns ``COLLAPSE_SQL`` reads (besides ``run_id, step``)."""
+
+COLLAPSE_SQL = (
+    """
+WITH reuse AS ({reused}),
+blocks AS (
+    SELECT run_id, reused, {block} AS block, max(step) AS step, min(step) AS first_step, count(*) AS rows_logged,
            avg(reward_mean) FILTER (WHERE isfinite(reward_mean)) AS reward
-    FROM steps WHERE $run_id::VARCHAR IS NULL OR run_id = $run_id
-    GROUP BY run_id, block
+    FROM steps JOIN reuse USING (run_id) WHERE $run_id::VARCHAR IS NULL OR run_id = $run_id
+    GROUP BY run_id, reused, block
 ),
 smoothed AS (
-    SELECT run_id, block, step, rows_logged,
+    SELECT run_id, reused, block, step, first_step, rows_logged,
            avg(reward) OVER (PARTITION BY run_id ORDER BY block
-                             RANGE BETWEEN $collapse_ma_blocks - 1 PRECEDING AND CURRENT ROW) AS reward_ma
+                             RANGE BETWEEN {ma_span} PRECEDING AND CURRENT ROW) AS reward_ma,
+           row_number() OVER (PARTITION BY run_id ORDER BY block DESC) AS from_end
     FROM blocks
 ),
 peaked AS (
@@ -159,7 +188,23 @@ peaked AS (
     FROM smoothed
 ),
 flagged AS (
-    SELECT *, peak > $collapse_min_peak AND reward_ma < $collapse_fraction * peak AS below FROM peaked
+    SELECT *, peak > $collapse_min_peak AND reward_ma < $collapse_fraction * peak AS below,
+              coalesce(reward_ma >= (1 - $peak_band) * peak, false) AS in_band
+    FROM peaked
+),
+banded AS (
+    SELECT *, sum(in_band::INTEGER) OVER (PARTITION BY run_id ORDER BY block ROWS UNBOUNDED PRECEDING)
+              AS band_seg  -- (a running count(*) FILTER is quadratic in DuckDB 2.0: 24 s on 250 k blocks)
+    FROM flagged
+),
+segments AS (  -- an in-band block and the blocks out of the band after it: did they dip below?
+    SELECT *, bool_or(below AND NOT in_band) OVER (PARTITION BY run_id, band_seg) AS seg_dipped FROM banded
+),
+recoveries AS (  -- back in the band after a segment that dipped below collapse_fraction of the peak
+    SELECT run_id, step FROM (
+        SELECT run_id, step, in_band, lag(seg_dipped) OVER (PARTITION BY run_id ORDER BY block) AS after_dip
+        FROM segments
+    ) WHERE in_band AND after_dip
 ),
 held AS (
     SELECT *, coalesce(bool_or(NOT below) OVER after_drop, false) AS recovers,
@@ -181,35 +226,72 @@ nonfinite_loss AS (
     WHERE ($run_id::VARCHAR IS NULL OR run_id = $run_id) AND NOT isfinite(coalesce(loss, pg_loss))
     GROUP BY run_id
 ),
+confirmed AS (
+    SELECT s.run_id, least(r.step, n.step) AS step, r.step AS reward_step, n.step AS nonfinite_step,
+           r.peak, r.reward_ma, r.at_log_end
+    FROM (SELECT DISTINCT run_id FROM blocks) s
+         LEFT JOIN reward_collapse r USING (run_id) LEFT JOIN nonfinite_loss n USING (run_id)
+),
+falls AS (
+    SELECT c.run_id,
+           max(b.step) FILTER (WHERE b.in_band AND b.step < c.step) AS last_at_peak,
+           max(b.step) FILTER (WHERE b.in_band) AS last_at_peak_in_log
+    FROM confirmed c JOIN banded b USING (run_id) GROUP BY c.run_id
+),
+fall_starts AS (
+    SELECT f.run_id,
+           min(b.first_step) FILTER (WHERE b.step > f.last_at_peak AND b.step <= c.step) AS fall_step,
+           min(b.first_step) FILTER (WHERE b.step > f.last_at_peak_in_log) AS ending_fall_step
+    FROM falls f JOIN confirmed c USING (run_id) JOIN banded b USING (run_id) GROUP BY f.run_id
+),
 deepest_dip AS (
     SELECT run_id, min(reward_ma / peak) AS deepest_dip, arg_min(step, reward_ma / peak) AS deepest_dip_step
     FROM peaked WHERE peak > $collapse_min_peak AND peak > 0 GROUP BY run_id
 ),
 runs_seen AS (
     SELECT run_id, max(step) AS last_step, sum(rows_logged)::BIGINT AS updates,
-           coalesce(arg_max(below, step), false) AS ends_below
+           coalesce(arg_max(below, step), false) AS ends_below,
+           arg_max(reward_ma / nullif(peak, 0), step) AS end_reward_share,
+           min(step) FILTER (WHERE from_end <= $end_blocks) AS end_step
     FROM flagged GROUP BY run_id
 )
-SELECT s.run_id, s.updates, s.last_step, s.ends_below,
-       least(r.step, n.step) AS collapse_step,
-       CASE WHEN n.step IS NOT NULL AND (r.step IS NULL OR n.step <= r.step) THEN 'nonfinite_loss'
-            WHEN r.step IS NOT NULL THEN 'reward_below_peak' END AS collapse_reason,
-       coalesce(r.at_log_end AND (n.step IS NULL OR r.step < n.step), false) AS ends_collapsed,
-       r.peak AS reward_peak, r.reward_ma AS reward_at_collapse,
+SELECT s.run_id, s.updates, s.last_step, s.ends_below, s.end_reward_share, s.end_step,
+       CASE WHEN c.step IS NOT NULL THEN coalesce(least(fs.fall_step, c.step), c.step) END AS collapse_step,
+       c.step AS confirmed_step,
+       CASE WHEN c.nonfinite_step IS NOT NULL AND (c.reward_step IS NULL OR c.nonfinite_step <= c.reward_step)
+            THEN 'nonfinite_loss' WHEN c.reward_step IS NOT NULL THEN 'reward_below_peak' END AS collapse_reason,
+       coalesce(c.at_log_end AND (c.nonfinite_step IS NULL OR c.reward_step < c.nonfinite_step), false)
+           AS ends_collapsed,
+       fs.ending_fall_step,
+       (SELECT max(r.step) FROM recoveries r
+        WHERE r.run_id = s.run_id AND r.step <= coalesce(least(fs.fall_step, c.step), fs.ending_fall_step, s.last_step))
+           AS recovered_step,
+       c.peak AS reward_peak, c.reward_ma AS reward_at_collapse,
        d.deepest_dip, d.deepest_dip_step
-FROM runs_seen s LEFT JOIN reward_collapse r USING (run_id) LEFT JOIN nonfinite_loss n USING (run_id)
+FROM runs_seen s LEFT JOIN confirmed c USING (run_id) LEFT JOIN fall_starts fs USING (run_id)
      LEFT JOIN deepest_dip d USING (run_id)
 ORDER BY s.run_id
-"""
-"""One row per run: ``run_id, updates, last_step, ends_below`` (its last block's reward moving average is below
-``collapse_fraction`` of the peak, collapse or not), ``collapse_step, collapse_reason, ends_collapsed, reward_peak,
-reward_at_collapse`` (collapse columns null for a run without collapse; ``ends_collapsed``: the drop came
-less than ``collapse_recovery_steps`` before the log's end, which it reaches still below), and
-``deepest_dip``, the lowest ``reward_ma / running peak`` of the run (1 = never below its peak; below
-``collapse_fraction`` = a dip as deep as a collapse, recovered from or not), at ``deepest_dip_step``.
-Windows are in steps: rewards are averaged per block of ``smooth_steps`` steps (the detectors' blocks), the
-moving average spans ``collapse_ma_steps`` of them, and a collapse is reported at its block's last logged
-step; the same run logged every step or every 5 steps gets the same label."""
+""".replace("{block}", block_sql("step"))
+    .replace("{reused}", REUSED.strip())
+    .replace("{ma_span}", ma_span_sql("block", "$collapse_ma_steps"))
+)
+"""One row per run (windows on the detectors' blocks, ``detectors.block_sql``: the same run logged every step or
+every 5 steps gets the same label):
+
+* ``updates, last_step``; ``ends_below`` (the last block's reward moving average is below ``collapse_fraction``
+  of its running peak), ``end_reward_share`` (that moving average ÷ the peak), ``end_step`` (the first step of
+  the log's last ``end_blocks`` blocks: "the end of the log");
+* ``confirmed_step``: where the label is confirmed (the moving average over ``collapse_ma_steps`` steps is
+  below ``collapse_fraction`` of its running peak and not back within ``collapse_recovery_steps``, or the log
+  ends there ``collapse_min_tail_steps`` later; or the loss turns non-finite), ``collapse_reason``;
+* ``collapse_step``: where that fall *starts*, the first logged step of the first block after the moving average
+  was last within ``peak_band`` of its running peak (``ending_fall_step``: the same for the log's end, collapse or not);
+* ``recovered_step``: the last step before the fall at which the moving average came back to its peak band
+  after a dip below ``collapse_fraction`` of it (alerts before it belong to a dip the run recovered from);
+* ``ends_collapsed`` (confirmed by the log's end, not by ``collapse_recovery_steps``), ``reward_peak``,
+  ``reward_at_collapse``, ``deepest_dip`` (the lowest moving average ÷ running peak), ``deepest_dip_step``.
+
+Collapse columns are null for a run without one."""
 
 STEP_EVIDENCE_SQL = """
 SELECT avg(coalesce(clip_frac, clip_frac_active)) AS token_clip_frac,
@@ -257,6 +339,14 @@ SELECT detector,
        CASE WHEN bool_or(severity = 'critical') THEN 'critical' ELSE 'warning' END AS severity,
        min(step) AS first_step,
        min(step) FILTER (WHERE severity = 'critical') AS first_critical_step,
+       min(step) FILTER (WHERE step >= $streak_from) AS streak_first_step,
+       min(step) FILTER (WHERE severity = 'critical' AND step >= $streak_from) AS streak_critical_step,
+       max(step) AS last_step,
+       max(step) FILTER (WHERE severity = 'critical') AS last_critical_step,
+       CASE WHEN detector = 'diverging' THEN list(step ORDER BY step DESC)[1:$streak_rows] END AS recent_steps,
+       list(step ORDER BY step DESC) FILTER (WHERE step <= $streak_to)[1:$streak_rows] AS steps_to_fall,
+       list(step ORDER BY step DESC) FILTER (WHERE step <= $streak_to AND severity = 'critical')[1:$streak_rows]
+           AS criticals_to_fall,
        count(*) AS count,
        max(value) AS max_value,
        arg_max(message, value) AS message
@@ -264,7 +354,11 @@ FROM fired GROUP BY detector
 ORDER BY first_critical_step NULLS LAST, first_step, detector
 """
 """The detectors' firings on one run summarised per detector, most urgent first (``{detect_sql}`` is
-``detectors.detect_sql()``): aggregated inside DuckDB, so a long run's many firing rows never leave it."""
+``detectors.detect_sql()``): aggregated inside DuckDB, so a long run's many firing rows never leave it.
+``streak_first_step``, ``streak_critical_step``: the first (critical) firing from ``$streak_from`` on (the end of
+the last dip the run recovered from); ``recent_steps``: ``diverging``'s last ``$streak_rows`` firing steps, newest first;
+``steps_to_fall``, ``criticals_to_fall``: the last ``$streak_rows`` (critical) firing steps at or before
+``$streak_to`` (the fall's start), newest first."""
 
 CAUSES: dict[str, tuple[str, str]] = {
     "granularity_mismatch": (
@@ -348,9 +442,16 @@ INPUTS_SQL = "SELECT {counts} FROM steps WHERE run_id = $run_id"
 
 @dataclass
 class Verdict:
-    """The post-mortem of one run (``to_dict()`` for JSON). ``root_cause``/``explanation``/``remedy`` are
-    ``None`` for a healthy run; ``inputs`` maps each detector family to the columns the run logs for it,
-    ``not_evaluated`` lists the detectors it has no inputs for."""
+    """The post-mortem of one run (``to_dict()`` for JSON; docs/detectors.md lists the fields).
+
+    ``status``: ``healthy``, ``collapsed`` (the label confirmed), ``collapsing`` (the log ends in a fall, not yet
+    confirmed: ``end_signs`` say why) or ``diverging`` (the log ends with several families above their quiet
+    levels, ``diverging_score``, the reward still up). ``collapse_step``: where a confirmed collapse's fall
+    started (``confirmed_step``: where the label was confirmed); ``fall_step``: the same for a collapsing log.
+    ``lead_time`` = the fall's start − ``streak_first_critical``, the first critical alert after the last dip the
+    run recovered from. ``root_cause``/``explanation``/``remedy`` are ``None`` for a healthy or diverging run;
+    ``inputs`` maps each detector family to the columns the run logs for it, ``not_evaluated`` lists the
+    detectors it has no inputs for."""
 
     run_id: str
     algorithm: str | None
@@ -371,6 +472,13 @@ class Verdict:
     inputs: dict[str, list[str]] = field(default_factory=dict)
     not_evaluated: list[str] = field(default_factory=list)
     top_alerts: list[dict[str, Any]] = field(default_factory=list)
+    confirmed_step: int | None = None
+    fall_step: int | None = None
+    streak_first_critical: int | None = None
+    divergence_step: int | None = None
+    diverging_score: str | None = None
+    families_rising: list[str] = field(default_factory=list)
+    end_signs: list[str] = field(default_factory=list)
 
     @property
     def collapsed(self) -> bool:
@@ -394,11 +502,12 @@ def _json_safe(value: Any) -> Any:
 def collapse_params(
     config: DetectorConfig, postmortem_config: PostmortemConfig, run_id: str | None = None
 ) -> dict[str, Any]:
-    """``COLLAPSE_SQL``'s parameters: the detectors' blocks (``smooth_steps``), the label's settings."""
+    """``COLLAPSE_SQL``'s parameters: the detectors' blocks, the label's settings."""
     values = {
         **postmortem_config.to_dict(),
         "smooth_steps": config.smooth_steps,
-        "collapse_ma_blocks": max(1, postmortem_config.collapse_ma_steps // config.smooth_steps),
+        "smooth_growth_steps": config.smooth_growth_steps,
+        "smooth_full_step": config.smooth_full_step,
         "run_id": run_id,
     }
     return bind(COLLAPSE_SQL, values)
@@ -415,11 +524,28 @@ def label_collapse(
     return runs.sql(COLLAPSE_SQL, params)
 
 
-def summarise_alerts(runs: RunSet, run_id: str, config: DetectorConfig | None = None) -> list[dict[str, Any]]:
-    """Per detector that fired on ``run_id``: severity, first step, first critical step, count, strongest firing."""
+STREAK_ROWS = 256
+"""How many of ``diverging``'s last firings the summary keeps to find where its final streak began."""
+
+
+def summarise_alerts(
+    runs: RunSet,
+    run_id: str,
+    config: DetectorConfig | None = None,
+    streak_from: int | None = None,
+    streak_to: int | None = None,
+) -> list[dict[str, Any]]:
+    """Per detector that fired on ``run_id``: severity, first step, first critical step (and the first from
+    ``streak_from`` on), last (critical) step, count, strongest firing, last firings up to ``streak_to``
+    (``ALERT_SUMMARY_SQL``)."""
     config = config or DetectorConfig()
     sql = ALERT_SUMMARY_SQL.format(detect_sql=detect_sql())
-    return runs.sql(sql, detect_params(sql, config, run_id)).to_pylist()
+    extra = {
+        "streak_from": -(2**62) if streak_from is None else streak_from,
+        "streak_to": 2**62 if streak_to is None else streak_to,
+        "streak_rows": STREAK_ROWS,
+    }
+    return runs.sql(sql, detect_params(sql, config, run_id, extra=extra)).to_pylist()
 
 
 def _first(
@@ -562,7 +688,7 @@ def run_inputs(runs: RunSet, run_id: str) -> tuple[dict[str, list[str]], list[st
     ).to_pylist()[0]
     present = {c for c, n in counts.items() if n}
     families: dict[str, list[str]] = {}
-    for detector in DETECTORS:
+    for detector in (d for d in DETECTORS if not d.reads):  # a joint detector reads the others' inputs
         families.setdefault(detector.family, [])
         families[detector.family] += [
             c for c in detector.columns if c in present and c not in families[detector.family]
@@ -581,12 +707,7 @@ def _notes(
         if row["first_critical_step"] is not None
     ]
     dip = evidence.get("deepest_dip")
-    if ends_below:
-        notes.append(
-            "the log ends with the reward moving average below half its running peak, too recently to call a "
-            f"collapse (it needs {config.collapse_min_tail_steps} steps below)"
-        )
-    elif dip is not None and dip < config.collapse_fraction:
+    if dip is not None and dip < config.collapse_fraction:
         notes.append(
             f"the reward moving average dipped to {dip:.0%} of its running peak at step "
             f"{evidence.get('deepest_dip_step')} and recovered"
@@ -613,6 +734,62 @@ def _degeneration(evidence: dict[str, Any], config: PostmortemConfig) -> str:
     )
 
 
+STATUSES = ("healthy", "collapsed", "collapsing", "diverging")
+"""What a verdict's ``status`` can be (docs/detectors.md; ``sorl postmortem`` exits 0, 3, 4, 5 on them)."""
+
+
+def _end_signs(
+    label_row: dict[str, Any], summary: list[dict[str, Any]], settings: PostmortemConfig
+) -> list[str]:
+    """Why a log ends in a fall: its reward moving average far below its peak, ``end_detectors`` critical in its
+    last ``end_blocks`` blocks."""
+    signs = []
+    if label_row["ends_below"]:
+        share = label_row["end_reward_share"]
+        signs.append(
+            f"the reward moving average ends at {share:.0%} of its running peak"
+            if share is not None
+            else "the reward moving average ends below half its running peak"
+        )
+    end = label_row["end_step"]
+    signs += [
+        f"{row['detector']} critical at the end ({row['message']})"
+        for row in summary
+        if row["detector"] in settings.end_detectors and row["last_critical_step"] is not None
+        and end is not None and row["last_critical_step"] >= end
+    ]  # fmt: skip
+    return signs
+
+
+def _divergence(
+    summary: list[dict[str, Any]],
+    label_row: dict[str, Any],
+    inputs: dict[str, list[str]],
+    config: DetectorConfig,
+) -> tuple[int | None, str | None, list[str], bool]:
+    """``diverging``'s final streak: where it began, the score ("4 of 6 families rising since step 63"), the
+    families above their quiet levels at the log's end, and whether it is critical there."""
+    row = next((r for r in summary if r["detector"] == DIVERGING.name), None)
+    end = label_row["end_step"]
+    if row is None or end is None or row["last_step"] < end:
+        return None, None, [], False
+    steps = row["recent_steps"] or []
+    spacing = max(1.0, label_row["last_step"] / max(label_row["updates"], 1))
+    since = steps[0]
+    for newer, older in itertools.pairwise(steps):
+        if newer - older > 2 * max(config.smooth_steps, spacing):
+            break
+        since = older
+    rising = sorted(
+        {DETECTOR_FAMILY[r["detector"]] for r in summary if r["last_step"] >= end} & set(DIVERGING_FAMILIES),
+        key=DIVERGING_FAMILIES.index,
+    )
+    logged = [f for f in DIVERGING_FAMILIES if inputs.get(f)]
+    score = f"{len(rising)} of {len(logged)} families rising since step {since} ({', '.join(rising)})"
+    critical = row["last_critical_step"] is not None and row["last_critical_step"] >= end
+    return since, score, rising, critical
+
+
 def postmortem(
     runs: RunSet,
     run_id: str,
@@ -629,49 +806,92 @@ def postmortem(
     if not label:
         raise QueryError(f"run {run_id!r} has no steps logged yet")
     label_row = label[0]
-    summary = summarise_alerts(runs, run_id, config)
+    fall_guess = (
+        label_row["collapse_step"]
+        if label_row["collapse_step"] is not None
+        else label_row["ending_fall_step"]
+    )
+    summary = summarise_alerts(runs, run_id, config, label_row["recovered_step"], fall_guess)
     collapse_step = label_row["collapse_step"]
-    end = collapse_step if collapse_step is not None else label_row["last_step"]
+    inputs, not_evaluated = run_inputs(runs, run_id)
+    end_signs = [] if collapse_step is not None else _end_signs(label_row, summary, settings)
+    divergence_step, diverging_score, rising, diverging_at_end = _divergence(
+        summary, label_row, inputs, config
+    )
+    judged = (
+        collapse_step is not None or runs.sql(REWARD_ROWS_SQL, {"run_id": run_id}).to_pylist()[0]["n"] > 0
+    )
+    if collapse_step is not None:
+        status = "collapsed"
+    elif end_signs:
+        status = "collapsing"
+    elif diverging_at_end:
+        status = "diverging"
+    elif not judged:
+        status = "not_judged"
+    else:
+        status = "healthy"
+    fall_step = collapse_step if collapse_step is not None else (
+        label_row["ending_fall_step"] if status == "collapsing" else None
+    )  # fmt: skip
+    end = fall_step if fall_step is not None else label_row["last_step"]
     evidence = gather_evidence(runs, run_id, max(0, end - settings.root_cause_steps), end, settings)
-    for key in ("reward_peak", "reward_at_collapse", "deepest_dip", "deepest_dip_step"):
+    for key in ("reward_peak", "reward_at_collapse", "deepest_dip", "deepest_dip_step", "end_reward_share"):
         evidence[key] = label_row[key]
     evidence["ctn_switches"] = runs.sql(
         "SELECT count(*) AS n FROM alerts WHERE run_id = $run_id AND kind = 'action'", {"run_id": run_id}
     ).to_pylist()[0]["n"]
-    inputs, not_evaluated = run_inputs(runs, run_id)
     first_critical = _first(summary, None, critical=True)
-    judged = (
-        collapse_step is not None or runs.sql(REWARD_ROWS_SQL, {"run_id": run_id}).to_pylist()[0]["n"] > 0
-    )
-    if collapse_step is None:
-        cause = explanation = remedy = None
-        notes = _notes(summary, evidence, label_row["ends_below"], settings)
-        if not judged:
-            notes.insert(0, "not judged: no row has a reward (reward_mean), which the collapse label needs")
-    else:
+    cause = explanation = remedy = None
+    notes: list[str] = []
+    if status in ("collapsed", "collapsing"):
         turn_level = (
             algorithm is not None and algorithm.lower().replace("-", "_") in settings.turn_level_algorithms
         )
-        cause = attribute(summary, evidence, collapse_step, turn_level, settings)
+        streak = [
+            {
+                **row,
+                "first_step": row["streak_first_step"],
+                "first_critical_step": row["streak_critical_step"],
+            }
+            for row in summary
+            if row["streak_first_step"] is not None
+        ]  # the alerts of the streak that runs into the fall, not of a dip the run recovered from
+        cause = attribute(streak, evidence, end if status == "collapsed" else label_row["last_step"],
+                          turn_level, settings)  # fmt: skip
         explanation = CAUSES[cause][0]
         remedy = remedy_for(cause, trainer_family(algorithm, _config(info)))
-        notes = []
         if label_row["ends_collapsed"]:
             notes.append(
-                f"the log ends collapsed, {label_row['last_step'] - collapse_step} steps after the drop"
+                f"the log ends collapsed, {label_row['last_step'] - label_row['confirmed_step']} steps after"
+                " the label was confirmed"
             )
+        if status == "collapsing":
+            notes.append("the log ends in a fall, too soon to confirm a collapse: " + "; ".join(end_signs))
         if cause == "entropy_blowup":
             notes.append(_degeneration(evidence, settings))
         if cause == "unexplained" and not_evaluated:
             notes.append(f"this run logs no input for {', '.join(not_evaluated)}")
-    alarm = _first(summary, collapse_step, critical=True) if collapse_step is not None else None
-    lead_time = collapse_step - alarm if alarm is not None else None
+    else:
+        notes = _notes(summary, evidence, label_row["ends_below"], settings)
+        if not judged:
+            notes.insert(0, "not judged: no row has a reward (reward_mean), which the collapse label needs")
+        share, falling = label_row["end_reward_share"], label_row["ending_fall_step"]
+        if falling is not None and share is not None:
+            notes.append(
+                f"the log ends with the reward moving average at {share:.0%} of its running peak, out of its peak"
+                f" band since step {falling}: not yet low enough to call it collapsing"
+            )
+    if diverging_score is not None:
+        notes.append(f"diverging: {diverging_score}")
+    streak_alarm = _streak_alarm(summary, label_row["recovered_step"], fall_step, _gap(label_row, config))
+    lead_time = fall_step - streak_alarm if streak_alarm is not None and fall_step is not None else None
     return Verdict(
         run_id=run_id,
         algorithm=algorithm,
         updates=label_row["updates"],
         last_step=label_row["last_step"],
-        status="collapsed" if collapse_step is not None else "healthy" if judged else "not_judged",
+        status=status,
         collapse_step=collapse_step,
         collapse_reason=label_row["collapse_reason"],
         ends_collapsed=bool(label_row["ends_collapsed"]),
@@ -685,5 +905,46 @@ def postmortem(
         notes=notes,
         inputs=inputs,
         not_evaluated=not_evaluated,
-        top_alerts=summary[:10],
+        top_alerts=[
+            {k: v for k, v in row.items() if k not in ("recent_steps", "steps_to_fall", "criticals_to_fall")}
+            for row in summary[:10]
+        ],
+        confirmed_step=label_row["confirmed_step"],
+        fall_step=fall_step,
+        streak_first_critical=streak_alarm,
+        divergence_step=divergence_step,
+        diverging_score=diverging_score,
+        families_rising=rising,
+        end_signs=end_signs,
     )
+
+
+def _gap(label_row: dict[str, Any], config: DetectorConfig) -> float:
+    """The longest gap between firings that still continues a streak: two blocks, or two logged rows of a
+    sparse log."""
+    spacing = label_row["last_step"] / max(label_row["updates"], 1)
+    return 2 * max(config.smooth_steps, spacing)
+
+
+def _streak_alarm(
+    summary: list[dict[str, Any]], recovered: int | None, fall: int | None, gap: float
+) -> int | None:
+    """The first critical alert of the streak that runs into the fall: firings (any detector, any severity) no
+    more than ``gap`` apart, the last of them within ``gap`` of ``fall``, none before the last dip the run
+    recovered from (``recovered``); the first critical one among them."""
+    if fall is None:
+        return None
+    fired = sorted({step for row in summary for step in (row["steps_to_fall"] or [])}, reverse=True)
+    start = None
+    for step in fired:
+        if (start if start is not None else fall) - step > gap or (
+            recovered is not None and step < recovered
+        ):
+            break
+        start = step
+    if start is None:
+        return None
+    criticals = [
+        step for row in summary for step in (row["criticals_to_fall"] or []) if start <= step <= fall
+    ]
+    return min(criticals, default=None)

@@ -39,18 +39,17 @@ def _fmt(value: Any) -> str:
 
 def verdict_html(verdict: Verdict) -> str:
     """The verdict as a small HTML block: timeline, root cause, remedy, top alerts."""
-    collapse = (
-        f"step {verdict.collapse_step} ({verdict.collapse_reason})"
-        if verdict.collapsed
-        else "not judged: no reward logged"
-        if verdict.status == "not_judged"
-        else "none: healthy"
-    )
+    collapse = {
+        "collapsed": f"the fall starts at step {verdict.collapse_step} ({verdict.collapse_reason})",
+        "collapsing": f"collapsing when the log ends (the fall starts at step {verdict.fall_step})",
+        "diverging": f"diverging when the log ends: {verdict.diverging_score}",
+        "not_judged": "not judged: no reward logged",
+    }.get(verdict.status, "none: healthy")
     lead = f"{verdict.lead_time} steps" if verdict.lead_time is not None else "—"
     cause = (
         f"<tr><th>root cause</th><td><b>{html.escape(verdict.root_cause)}</b>: {html.escape(verdict.explanation)}</td></tr>"
         f"<tr><th>remedy</th><td>{html.escape(verdict.remedy)}</td></tr>"
-        if verdict.collapsed
+        if verdict.root_cause is not None
         else ""
     )
     notes = "".join(f"<tr><th>note</th><td>{html.escape(note)}</td></tr>" for note in verdict.notes)

@@ -167,7 +167,61 @@ PATTERNS: dict[str, Callable[[dict], None]] = {
     "reward_drop": _fall_below("reward_mean", "reward_drop"),
     "nonfinite": _nan_loss,
 }
-"""Each detector's SYNTHETIC pattern, applied to every row from ``ONSET`` on."""
+
+RISING = ("clip_rise", "kl_rise", "entropy_rise", "length_rise", "reward_std_collapse")
+"""One detector of each of five families (ratio, kl, entropy, length, reward variance), in the order
+``families_rising`` raises them."""
+
+
+def _above_warning(
+    column: str, detector: str, floor: Callable[[DetectorConfig], float]
+) -> Callable[[dict], None]:
+    """The signal at 1.5 × its detector's warning level times its quiet level: out of its quiet level, under its
+    critical bar (each detector of ``RISING`` has its critical above 1.5 × its warning, or none)."""
+
+    def apply(row: dict) -> None:
+        config = defaults()
+        row[column] = 1.5 * getattr(config, f"{detector}_warning") * max(row[column], floor(config))
+
+    return apply
+
+
+def _reward_std_dying(row: dict) -> None:
+    _declining_reward(row)
+    row["reward_std"] *= (1 - defaults().reward_std_collapse_warning) / 2
+
+
+RISING_PATTERNS: dict[str, Callable[[dict], None]] = {
+    "clip_rise": _above_warning("clip_frac", "clip_rise", lambda c: c.clip_floor),
+    "kl_rise": _above_warning("kl_old_k3", "kl_rise", lambda c: c.kl_floor),
+    "entropy_rise": _above_warning("entropy", "entropy_rise", lambda c: c.entropy_floor),
+    "length_rise": _above_warning("response_len_mean", "length_rise", lambda c: 1.0),
+    "reward_std_collapse": _reward_std_dying,
+}
+"""How ``families_rising`` moves each family: above its warning level, below its critical one."""
+
+
+def _families(count: int) -> Callable[[dict], None]:
+    """The first ``count`` of ``RISING_PATTERNS`` at once: that many families leave their quiet levels together."""
+
+    def apply(row: dict) -> None:
+        for name in RISING[:count]:
+            RISING_PATTERNS[name](row)
+
+    return apply
+
+
+PATTERNS["diverging"] = lambda row: _families(int(firing_level("diverging")) + 1)(row)
+"""Each detector's SYNTHETIC pattern, applied to every row from ``ONSET`` on (``diverging``: one family more
+than its threshold counts)."""
+
+
+def families_rising(count: int, n: int = 400, seed: int = 0) -> list[dict]:
+    """SYNTHETIC: the stable run with ``count`` families (``RISING``) leaving their quiet levels from ``ONSET``."""
+    rows = stable_rows(n, seed, run_id=f"synthetic-{count}-families")
+    for row in rows[ONSET:]:
+        _families(count)(row)
+    return rows
 
 
 def pattern_rows(detector: str, n: int = 400, seed: int = 0) -> list[dict]:

@@ -19,7 +19,7 @@ from tests.detectors.synthetic import collapse_reward, stable_rows, write_rows
 
 POSTMORTEM_SETTINGS = {
     "collapse_ma_steps", "collapse_fraction", "collapse_recovery_steps", "collapse_min_tail_steps",
-    "collapse_min_peak", "root_cause_steps", "turn_ratio_eps", "mismatch_clip_ratio", "mismatch_min_clip",
+    "collapse_min_peak", "peak_band", "end_detectors", "end_blocks", "root_cause_steps", "turn_ratio_eps", "mismatch_clip_ratio", "mismatch_min_clip",
     "mismatch_tail_ratio", "off_policy_min_slope", "off_policy_growth", "off_policy_min_lag",
     "off_policy_clip_growth", "degenerate_length_rise", "degenerate_truncation", "turn_level_algorithms",
 }  # fmt: skip

@@ -111,7 +111,7 @@ def test_a_run_with_no_reward_is_not_judged_and_the_dropped_rows_are_named(tmp_p
     history.write_text(json.dumps(rows))
     with pytest.warns(LogWarning, match=r"history.json: 60 rows without a train/global_step are left out \("):
         result = runner.invoke(app, ["postmortem", str(history)])
-    assert result.exit_code == 4, result.output  # before: "healthy", exit 0
+    assert result.exit_code == 6, result.output  # not judged; before: "healthy", exit 0
     assert "not judged" in result.output
     assert "no row has a reward (reward_mean)" in result.output
     assert "healthy" not in result.output
