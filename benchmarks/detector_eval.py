@@ -80,6 +80,10 @@ of ``DetectorConfig`` may be added; the grid search holds every combination in m
 
 FALL_LEVEL = 0.9
 """The fall starts at the last step the reward moving average was at least this share of its running peak."""
+FALL_MA_STEPS = 16
+"""Where a fall starts and whether a dip recovered is read off the reward averaged over this many steps (two
+detector blocks): the label's 32-step moving average lags a fall by half its span, and on the dev set's 9B
+collapse (a row every 5 steps) it never shows the recovery at step 140 that the rows do."""
 PEAK_LEVEL = 0.95
 """A recovery: the reward moving average back at this share of its running peak after falling below
 ``FALL_LEVEL`` of it. Alerts before the last recovery preceding a collapse are not its precursors."""
@@ -141,8 +145,8 @@ FROM (SELECT run_id, block, step,
       FROM blocks)
 GROUP BY run_id
 """
-"""Each run's reward moving average as the collapse label smooths it (blocks of ``smooth_steps``, a moving
-average over ``collapse_ma_steps``), one value per block at its last step."""
+"""Each run's reward moving average over blocks of ``smooth_steps`` (the label's and the detectors' blocks),
+``ma_blocks`` of them (``FALL_MA_STEPS``), one value per block at its last step."""
 
 NEVER = math.inf
 
@@ -269,8 +273,7 @@ def setting_of(run_id: str) -> str:
 def labels(runs: RunSet, config: DetectorConfig) -> list[Labelled]:
     """Every run's label, with where its fall starts and where the alert streak into it may begin."""
     out, label = [], PostmortemConfig()
-    params = {"smooth_steps": config.smooth_steps,
-              "ma_blocks": max(1, label.collapse_ma_steps // config.smooth_steps)}  # fmt: skip
+    params = {"smooth_steps": config.smooth_steps, "ma_blocks": max(1, FALL_MA_STEPS // config.smooth_steps)}
     tracks = {r["run_id"]: (r["steps"], r["reward_ma"]) for r in runs.sql(REWARD_MA_SQL, params).to_pylist()}
     for row in label_collapse(runs, config, postmortem_config=label).to_pylist():
         run_id, label_step = row["run_id"], row["collapse_step"]
@@ -433,6 +436,11 @@ def shaped_logs(runs: RunSet, labelled: Sequence[Labelled], shapes: Sequence[str
     returns ``{run_id: updates per rollout batch}``."""
     info = {r["run_id"]: r for r in runs.sql("SELECT run_id, config FROM runs").to_pylist()}
     by_id = {r.run_id: r for r in labelled}
+    sizes: dict[str, list[int]] = {}
+    if "iteration" in runs.columns("steps"):
+        for row in runs.sql("SELECT run_id, count(*) AS n FROM steps WHERE iteration IS NOT NULL "
+                            "GROUP BY run_id, iteration").to_pylist():  # fmt: skip
+            sizes.setdefault(row["run_id"], []).append(row["n"])
     updates: dict[str, int] = {}
     drop = {"run_id", "rank", *log_shapes.PER_UPDATE_ONLY}
     columns = [c for c in runs.columns("steps") if c not in drop and c in _KEPT_COLUMNS]
@@ -442,7 +450,7 @@ def shaped_logs(runs: RunSet, labelled: Sequence[Labelled], shapes: Sequence[str
         rows = runs.sql(
             f"SELECT {', '.join(columns)} FROM steps WHERE run_id = $r ORDER BY step", {"r": run_id}
         )
-        per_update = log_shapes.updates_per_batch(info[run_id])
+        per_update = log_shapes.updates_per_batch(info[run_id], sizes.get(run_id, ()))
         updates[run_id] = per_update
         batches = log_shapes.per_batch(rows, per_update)
         if "batch" in shapes:
@@ -542,6 +550,10 @@ def evaluate_corpus(
             score_with(method, shaped_runs, {r.key: baseline_alarm(r, alarms, method) for r in shaped_runs})
             for method in ("olmo_grad_spike", "foundry_spike")
         ]
+        judged = [
+            r for r in shaped_runs if r.collapse_step is None or r.collapse_step >= config.min_history_steps
+        ]
+        scores[shape].append(score_with(f"{LATE_PREFIX}{config.min_history_steps}", judged, mine))
     by_folder = []
     if (
         len(path) > 1 and "update" in by_shape
@@ -623,6 +635,9 @@ def _cell(value: Any) -> str:
         return f"{value:.2f}" if abs(value) < 1 else f"{value:.0f}"
     return str(value)
 
+
+LATE_PREFIX = "the same, falls from update "
+"""The detectors' score on the collapses whose fall starts once a baseline can exist (``min_history_steps``)."""
 
 SHAPE_TITLES = {
     "update": "per optimizer update (as the bundled trainer logs)",

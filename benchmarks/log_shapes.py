@@ -60,15 +60,20 @@ def foreign_names(table: Mapping[str, str], columns: Sequence[str]) -> dict[str,
     return names
 
 
-def updates_per_batch(run_info: Mapping) -> int:
-    """Optimizer updates per rollout batch of a bundled-trainer run: its config's ``epochs × minibatches``."""
+def updates_per_batch(run_info: Mapping, rows_per_iteration: Sequence[int] = ()) -> int:
+    """Optimizer updates per rollout batch of a bundled-trainer run: its config's ``epochs × minibatches``, or
+    else the most common count of rows per logged ``iteration`` (``rows_per_iteration``)."""
     config = run_info.get("config") or {}
     if isinstance(config, str):
         config = json.loads(config)
     epochs, minibatches = config.get("epochs"), config.get("minibatches")
-    if not epochs or not minibatches:
-        raise ValueError(f"run {run_info.get('run_id')!r}: its config names no epochs and minibatches")
-    return int(epochs) * int(minibatches)
+    if epochs and minibatches:
+        return int(epochs) * int(minibatches)
+    if rows_per_iteration:
+        return max(set(rows_per_iteration), key=list(rows_per_iteration).count)
+    raise ValueError(
+        f"run {run_info.get('run_id')!r}: its config names no epochs and minibatches, nor does it log iterations"
+    )
 
 
 def _columns(rows: pa.Table) -> dict[str, np.ndarray]:
