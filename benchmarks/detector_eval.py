@@ -537,7 +537,10 @@ def evaluate_corpus(
         found, fits = leave_one_setting_out(everything, alarms)
         verdicts = {}
         if cut_runs is not None:
-            verdicts = verdict_alarms(cut_runs[0], by_shape["cut"], config, fits, cut_runs[1])
+            silent = [
+                r for r in by_shape["cut"] if math.isinf(found[r.key])
+            ]  # an alarm comes before any verdict
+            verdicts = verdict_alarms(cut_runs[0], silent, config, fits, cut_runs[1])
             cut_runs[0].close()
     whole = fit(everything, alarms)
     scores: dict[str, list[Score]] = {}

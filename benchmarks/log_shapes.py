@@ -5,8 +5,8 @@
 The corpus runs log one row per optimizer update. Real trainers do not:
 
 * ``batch`` — verl logs one row per training step, i.e. per rollout batch: the actor's metrics are the mean
-  over the step's ``ppo_epochs × mini-batches`` updates (``reduce_metrics``: ``np.mean``), the data metrics
-  are the batch's; steps count from 1. The bundled trainer makes ``epochs × minibatches`` updates per
+  over the step's ``ppo_epochs × mini-batches`` updates (``reduce_metrics``: ``np.mean``) except the losses
+  it sums over them (``SUMMED_BY_VERL``), the data metrics are the batch's; steps count from 1. The bundled trainer makes ``epochs × minibatches`` updates per
   rollout batch (its ``run.json`` config), so row ``b`` is the mean over updates ``(b − 1)·U … b·U − 1``.
   Written as verl's file logger writes (``{"step": b, "data": {...}}`` per line).
 * ``every5`` — the Hugging Face ``Trainer`` (and TRL on it) logs at every ``logging_steps``-th optimizer step
@@ -44,6 +44,10 @@ LOGGING_STEPS = 5
 
 PER_UPDATE_ONLY = ("ppo_epoch", "policy_lag", "ctn_active")
 """Columns of the bundled trainer's own bookkeeping, left out of the shaped logs (no trainer logs them per step)."""
+
+SUMMED_BY_VERL = ("pg_loss", "kl_ref_k3")
+"""What verl's actor logs as the sum over a step's ``ppo_epochs × mini-batches`` updates, not their mean
+(``actor/pg_loss`` and ``actor/kl_loss`` since verl #4711: ``integrations.names.VERL_ACTOR_NAMES``)."""
 
 SAME_QUANTITY = {"kl_ref_k3": "kl_ref"}
 """A corpus column that is an instance of a more general ``steps`` column a name table maps to (verl's
@@ -90,12 +94,17 @@ def _columns(rows: pa.Table) -> dict[str, np.ndarray]:
 
 
 def window_rows(
-    rows: pa.Table, window: np.ndarray, steps: np.ndarray, last: Sequence[str] = (), finite_only: bool = False
+    rows: pa.Table,
+    window: np.ndarray,
+    steps: np.ndarray,
+    last: Sequence[str] = (),
+    finite_only: bool = False,
+    summed: Sequence[str] = (),
 ) -> pa.Table:
     """One row per window (``window``: each input row's window number, non-decreasing): each metric's mean
     over the window's non-null values (null where it has none; a NaN among them makes the mean NaN unless
-    ``finite_only``), except the ``last`` columns, which keep the window's last row's value. ``steps``: each
-    window's step."""
+    ``finite_only``), except the ``last`` columns, which keep the window's last row's value, and the
+    ``summed`` ones, their sum. ``steps``: each window's step."""
     starts = np.flatnonzero(np.r_[True, window[1:] != window[:-1]])
     ends = np.r_[starts[1:], len(window)] - 1
     out: dict[str, pa.Array] = {"step": pa.array(steps, pa.int64())}
@@ -109,15 +118,17 @@ def window_rows(
         count = np.add.reduceat(use.astype(float), starts)
         with np.errstate(invalid="ignore", divide="ignore"):
             mean = total / count
-        out[name] = pa.array(np.where(count > 0, mean, 0.0), mask=count == 0)
+        value = total if name in summed else mean
+        out[name] = pa.array(np.where(count > 0, value, 0.0), mask=count == 0)
     return pa.table(out)
 
 
 def per_batch(rows: pa.Table, updates: int) -> pa.Table:
-    """verl's rows: one per rollout batch of ``updates`` updates (the mean over them), steps ``1, 2, …``."""
+    """verl's rows: one per rollout batch of ``updates`` updates (the mean over them; the sum for
+    ``SUMMED_BY_VERL``), steps ``1, 2, …``."""
     step = np.asarray(rows.column("step").to_numpy(zero_copy_only=False), dtype=np.int64)
     batch = step // updates
-    return window_rows(rows, batch, np.unique(batch) + 1)
+    return window_rows(rows, batch, np.unique(batch) + 1, summed=SUMMED_BY_VERL)
 
 
 def every_n(rows: pa.Table, n: int = LOGGING_STEPS) -> pa.Table:

@@ -51,6 +51,7 @@ FAILURE_SETTINGS: dict[str, dict] = {
     # an entropy bonus too strong for the lr: entropy runs to its maximum and every response shrinks to one
     # malformed turn of 4 tokens (probe: ent_coef 0.05 at lr 3e-3 within 2 iterations; 0.01 at 1e-3 held)
     "grpo-entropy-e0.03-lr1e-3": {"algo": "grpo", "lr": 1e-3, "ent_coef": 0.03},
+    "grpo-entropy-e0.05-lr1e-3": {"algo": "grpo", "lr": 1e-3, "ent_coef": 0.05},
 }
 """Settings that fail the ways real runs do, outside the reuse grid (``--failures``); all without a KL penalty
 (``kl_ref_coef`` 0, the trainer's default)."""

@@ -324,6 +324,11 @@ def test_per_batch_is_the_mean_over_each_rollout_batch_numbered_from_1_synthetic
     assert "policy_lag" not in rows.column_names  # the trainer's own bookkeeping is not logged
 
 
+def test_per_batch_sums_what_verl_sums_over_a_step_synthetic():
+    table = synthetic_table(8).append_column("kl_ref_k3", pa.array([1.0] * 8))
+    assert log_shapes.per_batch(table, updates=4).column("kl_ref_k3").to_pylist() == [4.0, 4.0]
+
+
 def test_per_batch_keeps_a_non_finite_value_non_finite_synthetic():
     table = synthetic_table(8)
     values = table.column("reward_mean").to_pylist()
