@@ -14,7 +14,9 @@ Non-finite inputs are counted (``nonfinite_count``) and left out of every other 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -72,7 +74,14 @@ def masked_min(x: Tensor, mask: Tensor) -> Tensor:
     return -masked_max(-x, mask)
 
 
-def masked_quantile(x: Tensor, mask: Tensor, q: float | list[float]) -> Tensor:
+@lru_cache(maxsize=64)
+def quantile_levels(q: tuple[float, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+    """The levels ``q`` as a tensor on ``device``, built once per (levels, dtype, device): a tensor built
+    from a Python list is a host→device copy, which on CUDA waits for the queued work (a sync)."""
+    return torch.tensor(q, dtype=dtype, device=device)
+
+
+def masked_quantile(x: Tensor, mask: Tensor, q: float | Sequence[float]) -> Tensor:
     """Quantile(s) ``q`` (linear interpolation) of the selected values; NaN where nothing is selected.
 
     Inputs above ``QUANTILE_MAX_ELEMENTS`` entries are strided down to that size first.
@@ -80,9 +89,9 @@ def masked_quantile(x: Tensor, mask: Tensor, q: float | list[float]) -> Tensor:
     flat = torch.where(mask.bool(), x, torch.full_like(x, float("nan"))).flatten()
     if flat.numel() > QUANTILE_MAX_ELEMENTS:
         flat = flat[:: -(-flat.numel() // QUANTILE_MAX_ELEMENTS)]
-    if isinstance(q, list):
-        return torch.nanquantile(flat, torch.tensor(q, dtype=flat.dtype, device=flat.device))
-    return torch.nanquantile(flat, q)
+    if isinstance(q, float | int):
+        return torch.nanquantile(flat, q)
+    return torch.nanquantile(flat, quantile_levels(tuple(q), flat.dtype, flat.device))
 
 
 def value_stats(x: Tensor, mask: Tensor) -> dict[str, Tensor]:
@@ -257,27 +266,35 @@ def group_reward_stats(rewards: Tensor, group_ids: Tensor) -> dict[str, Tensor]:
     }
 
 
-def module_norms(param_groups: list[list[Tensor]]) -> tuple[Tensor, Tensor]:
+def group_index(param_groups: Sequence[Sequence[Tensor]], device: torch.device) -> Tensor:
+    """Group number of each parameter, flattened in order: ``[0, 0, 1, …]`` on ``device`` (build it once:
+    on CUDA a tensor from a Python list is a host→device copy that waits for the queued work)."""
+    return torch.tensor(
+        [i for i, group in enumerate(param_groups) for _ in group], dtype=torch.long, device=device
+    )
+
+
+def module_norms(
+    param_groups: Sequence[Sequence[Tensor]], index: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """Per-group L2 norms ``(grad_norms (M,), param_norms (M,))`` with one batched norm call per kind.
 
     A group's norm is ``sqrt(Σ_p ||p||²)`` over its parameters; parameters without a gradient add 0.
+    Each parameter's norm is accumulated and returned in float32 whatever its dtype (a bf16 norm keeps 3
+    significant digits). ``index``: ``group_index(param_groups, device)``, built once by the caller.
     """
     params = [p for group in param_groups for p in group]
-    owners = [i for i, group in enumerate(param_groups) for _ in group]
     device = params[0].device
-    n_groups = len(param_groups)
+    if index is None:
+        index = group_index(param_groups, device)
     with torch.no_grad():
-        param_sq = torch.stack(torch._foreach_norm([p.detach() for p in params])).float() ** 2
-        with_grad = [(i, p.grad) for i, p in zip(owners, params, strict=True) if p.grad is not None]
-        grad_sq = torch.zeros(0, device=device)
-        grad_owner: list[int] = []
-        if with_grad:
-            grad_owner = [i for i, _ in with_grad]
-            grad_sq = torch.stack(torch._foreach_norm([g.detach() for _, g in with_grad])).float() ** 2
-        index = torch.tensor(owners, device=device)
-        param_norm = torch.zeros(n_groups, device=device).index_add(0, index, param_sq).sqrt()
-        grad_index = torch.tensor(grad_owner, device=device, dtype=torch.long)
-        grad_norm = torch.zeros(n_groups, device=device).index_add(0, grad_index, grad_sq).sqrt()
+        empty = torch.zeros(0, device=device)  # a parameter without a gradient: its norm is 0
+        grads = [empty if p.grad is None else p.grad.detach() for p in params]
+        param_sq = torch.stack(torch._foreach_norm([p.detach() for p in params], 2, dtype=torch.float32)) ** 2
+        grad_sq = torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)) ** 2
+        zeros = torch.zeros(len(param_groups), device=device)
+        param_norm = zeros.index_add(0, index, param_sq).sqrt()
+        grad_norm = zeros.index_add(0, index, grad_sq).sqrt()
     return grad_norm, param_norm
 
 
@@ -420,8 +437,10 @@ def update_metrics(
         nonfinite = nonfinite + (~reward_ok).sum().to(dtype)
         for name, value in value_stats(episode_reward, reward_ok).items():
             s[f"reward_{name}"] = value
-        if group_ids is not None:
-            group = group_reward_stats(torch.where(reward_ok, episode_reward, 0.0), group_ids.to(logp.device))
+        if group_ids is not None:  # host ids: an async copy (pageable memory is staged at once, no wait)
+            group = group_reward_stats(
+                torch.where(reward_ok, episode_reward, 0.0), group_ids.to(logp.device, non_blocking=True)
+            )
             s["group_reward_std"] = group["std_mean"]
             s["zero_std_group_frac"] = group["zero_std_frac"]
     s["nonfinite_count"] = nonfinite

@@ -1,7 +1,8 @@
 """Per-module gradient and parameter norms (the ``modules`` table), for ``Monitor.watch`` and ``SorlCallback``.
 
 Trainable parameters are grouped by top-level module (``module_group``); every group's norms come from one
-batched call on the device (``metrics.module_norms``). Norms read after clipping are rescaled to the
+batched call on the device (``metrics.module_norms``), with the parameter→group index built once per device
+(no host data in the step). Norms read after clipping are rescaled to the
 pre-clip total: clipping multiplies every gradient by one factor, so
 
     ‖g_m‖_pre = ‖g_m‖ · ‖g‖_pre / ‖g‖,   ‖g‖ = √(Σ_m ‖g_m‖²).
@@ -13,9 +14,10 @@ import re
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+import torch
 from torch import Tensor, nn
 
-from sorl_monitor.metrics import module_norms
+from sorl_monitor.metrics import group_index, module_norms
 
 _NUMERIC = re.compile(r"^\d+$")
 
@@ -59,6 +61,7 @@ class ModuleNormTracker:
         groups = groups or {}
         self.names = [name for name, params in groups.items() if params]
         self.params = [list(groups[name]) for name in self.names]
+        self._index: dict[torch.device, Tensor] = {}  # the group of each parameter, per device
 
     @classmethod
     def of(cls, model: nn.Module, modules: Mapping[str, nn.Module] | None = None) -> ModuleNormTracker:
@@ -77,8 +80,11 @@ class ModuleNormTracker:
         return len(self.names)
 
     def measure(self) -> tuple[Tensor, Tensor]:
-        """Each group's ``(grad norms (M,), param norms (M,))``, on the parameters' device."""
-        return module_norms(self.params)
+        """Each group's ``(grad norms (M,), param norms (M,))`` in float32, on the parameters' device."""
+        device = self.params[0][0].device
+        if device not in self._index:  # once per device (a model moved after ``watch`` gets a new one)
+            self._index[device] = group_index(self.params, device)
+        return module_norms(self.params, self._index[device])
 
     def by_name(self, values: np.ndarray) -> dict[str, float]:
         """One value per group, by group name."""

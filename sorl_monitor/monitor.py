@@ -8,11 +8,12 @@
     mon.close()                                     # 4  (or use ``with Monitor(...) as mon:``)
 
 The monitor coordinates modules with one job each: ``metrics`` computes an update's metrics on the
-tensors' device, ``module_tracker`` the per-module norms, ``transfer`` moves them to the host in one copy,
-``writer`` writes rows to Parquet in the background, ``run_info`` keeps ``run.json`` and the run's end
-status (finished, failed, interrupted, terminated), ``warn`` reports failures. Nothing here raises into
-the training loop once the monitor is built: a failure is counted (``monitor_errors``) and warned about
-once.
+tensors' device, ``module_tracker`` the per-module norms, ``transfer`` queues their one copy to the host
+(never waiting on the device: docs/attach.md, "No sync in the training step"), ``in_flight`` finishes
+each update's rows, in order, once its copy has landed, ``writer`` writes rows to Parquet in the
+background, ``run_info`` keeps ``run.json`` and the run's end status (finished, failed, interrupted,
+terminated), ``warn`` reports failures. Nothing here raises into the training loop once the monitor is
+built: a failure is counted (``monitor_errors``) and warned about once.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import collections
 import os
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,7 @@ import pyarrow as pa
 import torch
 from torch import Tensor, nn
 
+from sorl_monitor.in_flight import InFlight
 from sorl_monitor.integrations.names import guess_family, map_metrics
 from sorl_monitor.metrics import TURN_COLUMNS, UpdateMetrics, update_metrics
 from sorl_monitor.module_tracker import ModuleNormTracker, pre_clip_norms
@@ -43,11 +46,27 @@ from sorl_monitor.run_info import (
     utc_now,
 )
 from sorl_monitor.schema import KEYS, RUN_FILE, SEVERITIES, check_run_id, column_name, metric_column
-from sorl_monitor.transfer import to_host
+from sorl_monitor.transfer import start_copy
 from sorl_monitor.warn import MonitorWarning, WarnOnce, warn
 from sorl_monitor.writer import ParquetStreamWriter, WriterStats, check_setting, check_writer_settings
 
 __all__ = ["Monitor", "MonitorWarning", "warn"]
+
+
+@dataclass
+class _Update:
+    """What an update's row needs besides the host copy of its tensors (host values taken at the call)."""
+
+    keys: dict[str, Any]
+    scalar_names: list[str]
+    tensor_extras: list[str]  # column names, in the order they were given
+    host_extras: dict[str, float]  # tensor extras that were not on the metrics' device, read at the call
+    pre_clip: float | None  # grad_norm given as a number or a host tensor (a device tensor is in the copy)
+    sample_ids: np.ndarray | None  # given on the host (on the device: in the copy)
+    plain_extras: dict[str, Any]
+    log_turns: bool
+    started: float  # perf_counter at the call
+    call_ms: float | None = None  # the call's time on the training thread, once it returned
 
 
 def _key(name: str, value: Any, bits: int) -> int:
@@ -119,6 +138,10 @@ class Monitor:
         self.max_turn_rows = max_turn_rows
         self._recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=window)
         self._modules = ModuleNormTracker()
+        self._module_every = 1
+        self._updates = 0  # log_update calls (module norms are measured on every ``_module_every``-th)
+        self._in_flight = InFlight(lambda error: self._fail("log_update", error))
+        self._last_scalars: dict[str, float] = {}  # of the newest update whose row is assembled
         self._step = -1
         self._errors = 0
         self._warn_once = WarnOnce()
@@ -152,9 +175,15 @@ class Monitor:
         self._info = RunInfo(self.run_dir / RUN_FILE, fields, writes=writes, owner=self)
 
     # ------------------------------------------------------------------ attach
-    def watch(self, model: nn.Module, modules: Mapping[str, nn.Module] | None = None) -> Monitor:
-        """Track grad and parameter norms of ``model``, per top-level module (``module_group``) or per ``modules``."""
+    def watch(
+        self, model: nn.Module, modules: Mapping[str, nn.Module] | None = None, *, every: int = 1
+    ) -> Monitor:
+        """Track grad and parameter norms of ``model``, per top-level module (``module_group``) or per ``modules``,
+        on every ``every``-th ``log_update`` from the next one (the others' rows have no module norms)."""
+        check_setting("every", every, least=1, integer=True)
         self._modules = ModuleNormTracker.of(model, modules)
+        self._module_every = every
+        self._updates = 0
         return self
 
     # ------------------------------------------------------------------ log
@@ -173,6 +202,7 @@ class Monitor:
         policy_lag: int = 0,
         extra: Mapping[str, Any] | None = None,
         log_turns: bool = True,
+        sync: bool = False,
         **inputs: Tensor | None,
     ) -> dict[str, float]:
         """Log one optimiser update: token- and turn-level metrics, grad norms, and ``extra`` scalars.
@@ -181,9 +211,15 @@ class Monitor:
         ``turn_ids``, ``ref_logp``, ``logits``, ``entropy``, ``advantages``, ``values``, ``returns``,
         ``rewards``, ``group_ids`` (shapes: docs/schema.md). ``sample_ids`` (B,) number the ``turns`` rows.
         Call it after ``backward()`` and before clipping, or pass ``grad_norm`` = the pre-clip norm that
-        ``clip_grad_norm_`` returned (module norms are then rescaled to pre-clip). Returns the step's
-        scalars as floats (for progress bars). ``log_turns=False`` keeps the turn-level scalars but
-        writes no ``turns`` rows for this update (e.g. to log turns of one update per rollout). Never raises.
+        ``clip_grad_norm_`` returned (module norms are then rescaled to pre-clip). ``log_turns=False`` keeps
+        the turn-level scalars but writes no ``turns`` rows for this update (e.g. to log turns of one update
+        per rollout). Never raises.
+
+        On CUDA it queues the metric kernels and one non-blocking copy to the host and returns without
+        waiting for the device; the rows are assembled once the copy has landed (at a later call, or when
+        ``recent_steps``, ``flush`` or ``close`` asks). Returns the scalars (floats, for progress bars) of
+        the newest update whose row is assembled: this one on the CPU or with ``sync=True`` (which waits
+        for the copy), usually the previous one on CUDA ({} before the first).
         """
         if not self.enabled or self._info.closed:
             return {}
@@ -194,15 +230,15 @@ class Monitor:
                 logp, old_logp, mask, clip_eps=self.clip_eps, clip_eps_high=self.clip_eps_high,
                 max_turn_rows=self.max_turn_rows, **inputs,
             )  # fmt: skip
-            row = self._update_row(keys, metrics, grad_norm, sample_ids, extra or {}, log_turns)
-            row["monitor_ms"] = (time.perf_counter() - started) * 1e3
-            self._finish_step(row)
-            return {k: v for k, v in row.items() if isinstance(v, float | int) and k not in KEYS}
+            update = self._queue_update(keys, metrics, grad_norm, sample_ids, extra or {}, log_turns, started)
+            self._in_flight.drain(keep=0 if sync else None)
+            update.call_ms = (time.perf_counter() - started) * 1e3
+            return dict(self._last_scalars)
         except Exception as error:  # noqa: BLE001 - monitoring must never crash training
             self._fail("log_update", error)
             return {}
 
-    def _update_row(
+    def _queue_update(
         self,
         keys: dict[str, Any],
         metrics: UpdateMetrics,
@@ -210,44 +246,79 @@ class Monitor:
         sample_ids: Tensor | None,
         extra: Mapping[str, Any],
         log_turns: bool,
-    ) -> dict[str, Any]:
-        """The update's ``steps`` row; its ``turns`` and ``modules`` rows go to the writer."""
+        started: float,
+    ) -> _Update:
+        """Queue the update's one copy to the host (no wait) and, behind it, the assembly of its rows.
+
+        Tensors on the metrics' device go in the copy; tensors elsewhere (e.g. host tensors in a CUDA run)
+        are read on the host now: moving them to the device would be a copy that waits for it.
+        """
         first = next(iter(metrics.scalars.values()))
         device, dtype = first.device, first.dtype
         tensor_extras = {metric_column(column_name(k)): v for k, v in extra.items() if isinstance(v, Tensor)}
         on_device = {"scalars": torch.stack(list(metrics.scalars.values()))}  # one host copy of all these
-        if tensor_extras:
-            on_device["extras"] = torch.stack(
-                [v.detach().reshape(()).to(device, dtype) for v in tensor_extras.values()]
-            )
-        if self._modules:
-            on_device["module_grads"], on_device["module_params"] = self._modules.measure()
-        on_device["turns"] = torch.stack(
-            [metrics.turns[c] for c in TURN_COLUMNS] + [metrics.turn_valid.to(dtype)]
+        device_extras = [v for v in tensor_extras.values() if v.device == device]
+        if device_extras:
+            on_device["extras"] = torch.stack([v.detach().reshape(()).to(dtype) for v in device_extras])
+        update = _Update(
+            keys=keys,
+            scalar_names=list(metrics.scalars),
+            tensor_extras=list(tensor_extras),
+            host_extras={
+                name: float(v.detach().reshape(()).to(torch.float64))
+                for name, v in tensor_extras.items()
+                if v.device != device
+            },
+            pre_clip=None,
+            sample_ids=None,
+            plain_extras={
+                metric_column(column_name(k)): v for k, v in extra.items() if not isinstance(v, Tensor)
+            },
+            log_turns=log_turns,
+            started=started,
         )
-        if sample_ids is not None:
-            on_device["sample_ids"] = sample_ids.reshape(-1)
-        host = to_host(on_device, dtype)
+        if isinstance(grad_norm, Tensor) and grad_norm.device == device:
+            on_device["grad_norm"] = grad_norm.detach().reshape(1)
+        elif grad_norm is not None:
+            update.pre_clip = float(grad_norm)
+        if self._modules and self._updates % self._module_every == 0:
+            on_device["module_grads"], on_device["module_params"] = self._modules.measure()
+        self._updates += 1
+        if log_turns:
+            on_device["turns"] = torch.stack(
+                [metrics.turns[c] for c in TURN_COLUMNS] + [metrics.turn_valid.to(dtype)]
+            )
+            if sample_ids is not None and sample_ids.device == device:
+                on_device["sample_ids"] = sample_ids.reshape(-1)
+            elif sample_ids is not None:
+                update.sample_ids = sample_ids.detach().reshape(-1).numpy()
+        self._in_flight.add(start_copy(on_device, dtype), lambda host: self._assemble(update, host))
+        return update
 
-        row: dict[str, Any] = dict(keys)
-        row.update(zip(metrics.scalars, host["scalars"].tolist(), strict=True))
-        if tensor_extras:
-            row.update(zip(tensor_extras, host["extras"].tolist(), strict=True))
-        pre_clip = None if grad_norm is None else float(grad_norm)
+    def _assemble(self, update: _Update, host: dict[str, np.ndarray]) -> None:
+        """The update's ``steps`` row from the host copy; its ``turns`` and ``modules`` rows go to the writer."""
+        row: dict[str, Any] = dict(update.keys)
+        row.update(zip(update.scalar_names, host["scalars"].tolist(), strict=True))
+        device_extras = iter(host["extras"].tolist() if "extras" in host else [])
+        for name in update.tensor_extras:
+            row[name] = update.host_extras[name] if name in update.host_extras else next(device_extras)
+        pre_clip = float(host["grad_norm"][0]) if "grad_norm" in host else update.pre_clip
         module_grads = None
-        if self._modules:
+        if "module_grads" in host:
             module_grads, norms = pre_clip_norms(host["module_grads"], host["module_params"], pre_clip)
             row.update(norms)
         elif pre_clip is not None:
             row["grad_norm"] = pre_clip
-        for name, value in extra.items():
-            if not isinstance(value, Tensor):
-                row[metric_column(column_name(name))] = value
-        if log_turns:
-            self._submit_turns(keys, host["turns"], host.get("sample_ids"))
+        row.update(update.plain_extras)
+        if update.log_turns:
+            ids = host["sample_ids"] if "sample_ids" in host else update.sample_ids
+            self._submit_turns(update.keys, host["turns"], ids)
         if module_grads is not None:
-            self._submit_modules(keys, module_grads, host["module_params"])
-        return row
+            self._submit_modules(update.keys, module_grads, host["module_params"])
+        in_call = update.call_ms is None  # assembled inside its own log_update (CPU, or sync=True)
+        row["monitor_ms"] = (time.perf_counter() - update.started) * 1e3 if in_call else update.call_ms
+        self._finish_step(row)
+        self._last_scalars = {k: v for k, v in row.items() if isinstance(v, float | int) and k not in KEYS}
 
     def log_scalars(
         self,
@@ -278,7 +349,7 @@ class Monitor:
                 names = self.trainer_family
             row: dict[str, Any] = self._keys(step, iteration, ppo_epoch, minibatch, policy_lag)
             row.update((metric_column(k), v) for k, v in map_metrics(scalars, names).items())
-            self._finish_step(row)
+            self._in_flight.then(lambda: self._finish_step(row))  # behind the updates still in flight
         except Exception as error:  # noqa: BLE001
             self._fail("log_scalars", error)
 
@@ -302,7 +373,7 @@ class Monitor:
                  "param_norm": float(params.get(name, float("nan")))}
                 for name, grad in grad_norms.items()
             ]  # fmt: skip
-            self._writer_submit("modules", rows, len(rows))
+            self._in_flight.then(lambda: self._writer_submit("modules", rows, len(rows)))
         except Exception as error:  # noqa: BLE001
             self._fail("log_modules", error)
 
@@ -326,15 +397,21 @@ class Monitor:
             row = self._keys(self._step if step is None else step, None, 0, 0, 0, advance=False)
             row.update(kind=kind, detector=detector, severity=severity, value=float(value),
                        threshold=float(threshold), message=message)  # fmt: skip
-            self._writer_submit("alerts", [row], 1)
+            self._in_flight.then(lambda: self._writer_submit("alerts", [row], 1))
             if self.notifier is not None:
                 self.notifier.alert(self.run_id, row)
         except Exception as error:  # noqa: BLE001
             self._fail("log_alert", error)
 
     # ------------------------------------------------------------------ read back / lifecycle
-    def recent_steps(self) -> pa.Table:
-        """The last ``window`` steps rows as an Arrow table (for detectors running live over DuckDB)."""
+    def recent_steps(self, max_in_flight: int = 0) -> pa.Table:
+        """The last ``window`` steps rows as an Arrow table (for detectors running live over DuckDB).
+
+        Waits for the host copies still in flight until at most ``max_in_flight`` updates are left out:
+        0 (default) gives every update logged so far; 1, called after update n+1 was logged, waits at most
+        for update n's copy (queued an update earlier, so the device still has n+1's work to run).
+        """
+        self._drain(keep=max_in_flight)
         return pa.Table.from_pylist(list(self._recent))
 
     @property
@@ -348,6 +425,7 @@ class Monitor:
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Block until everything logged so far is on disk (True on success)."""
+        self._drain(keep=0)
         return self._writer.flush(timeout) if self._writer else True
 
     def update_run_info(self, **fields: Any) -> None:
@@ -364,6 +442,7 @@ class Monitor:
         if not self._info.close() or not self.enabled:
             return
         status = ending_status(None) if status is None else status
+        self._drain(keep=0)  # the rows of updates whose copies are still in flight (also on SIGTERM)
         if self._writer is not None:
             self._writer.close(compact=compact)
             stats = self._writer.stats()
@@ -407,6 +486,12 @@ class Monitor:
             "policy_lag": _key("policy_lag", policy_lag, 32),
             "wall_time": time.time(),
         }
+
+    def _drain(self, keep: int) -> None:
+        try:
+            self._in_flight.drain(keep=keep)
+        except Exception as error:  # noqa: BLE001 - a failed wait on the device
+            self._fail("log_update", error)
 
     def _submit_turns(self, keys: Mapping[str, Any], block: np.ndarray, ids: np.ndarray | None) -> None:
         valid = block[-1] > 0

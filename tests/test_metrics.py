@@ -311,6 +311,27 @@ def test_module_norms_match_per_parameter_norms():
     assert float(param[1]) == pytest.approx(float(c.detach().norm()), rel=1e-5)
 
 
+def test_module_norms_of_bf16_parameters_are_float32_and_take_a_prebuilt_index():
+    """bf16 parameters: each norm is accumulated and kept in float32 (a bf16 result keeps 3 digits)."""
+    g = torch.Generator().manual_seed(0)
+    a, b, c = (torch.nn.Parameter(torch.randn(s, generator=g).bfloat16()) for s in [(64, 64), (333,), (7,)])
+    a.grad = torch.randn(64, 64, generator=g).bfloat16()
+    index = M.group_index([[a], [b, c]], a.device)
+    assert index.tolist() == [0, 1, 1]
+    grad, param = M.module_norms([[a], [b, c]], index)
+    assert grad.dtype == param.dtype == torch.float32
+    assert float(grad[0]) == pytest.approx(float(a.grad.double().norm()), rel=1e-6)
+    assert float(grad[1]) == 0.0  # b and c have no gradient
+    expected = math.sqrt(float(b.double().norm() ** 2 + c.double().norm() ** 2))
+    assert float(param[1]) == pytest.approx(expected, rel=1e-6)
+
+
+def test_quantile_levels_are_built_once_per_device_and_dtype():
+    first = M.quantile_levels((0.01, 0.99), torch.float64, torch.device("cpu"))
+    assert M.quantile_levels((0.01, 0.99), torch.float64, torch.device("cpu")) is first
+    assert M.quantile_levels((0.01, 0.99), torch.float32, torch.device("cpu")) is not first
+
+
 def test_clip_fraction_splits_low_and_high():
     ratio = torch.tensor([0.5, 0.79, 0.81, 1.0, 1.19, 1.21, 3.0, 9.0])
     mask = torch.tensor([1, 1, 1, 1, 1, 1, 1, 0])
