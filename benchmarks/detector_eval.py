@@ -5,7 +5,8 @@
 Each run is labelled by the post-mortem's collapse label (``sorl_monitor.postmortem.label_collapse``: the
 reward moving average below half its running peak without recovery, or a non-finite loss), which no
 detector sees. The **collapse step** is where the fall starts: the last step, at or before the label's step,
-at which the reward moving average was still at least ``FALL_LEVEL`` of its running peak. A method *alarms*
+at which the reward (averaged over ``FALL_MA_STEPS``) was still at least ``FALL_LEVEL`` of its running peak,
+or the post-mortem's own fall start and recovery where ``label_collapse`` gives them. A method *alarms*
 at a critical alert; on a collapsing run the alarm is the first one of the **streak that runs into the
 collapse**: at or after the run's last *recovery* before the collapse step (the reward moving average back
 to ``PEAK_LEVEL`` of its running peak after falling below ``FALL_LEVEL`` of it), so an alert during a dip
@@ -271,15 +272,30 @@ def setting_of(run_id: str) -> str:
 
 
 def labels(runs: RunSet, config: DetectorConfig) -> list[Labelled]:
-    """Every run's label, with where its fall starts and where the alert streak into it may begin."""
+    """Every run's label, with where its fall starts and where the alert streak into it may begin: the
+    post-mortem's own (``collapse_step`` at the fall's start, ``confirmed_step``, ``recovered_step``) where
+    ``label_collapse`` gives them, else ``fall_start`` and ``last_recovery`` here."""
     out, label = [], PostmortemConfig()
-    params = {"smooth_steps": config.smooth_steps, "ma_blocks": max(1, FALL_MA_STEPS // config.smooth_steps)}
-    tracks = {r["run_id"]: (r["steps"], r["reward_ma"]) for r in runs.sql(REWARD_MA_SQL, params).to_pylist()}
-    for row in label_collapse(runs, config, postmortem_config=label).to_pylist():
-        run_id, label_step = row["run_id"], row["collapse_step"]
+    rows = label_collapse(runs, config, postmortem_config=label).to_pylist()
+    shipped = bool(rows) and "confirmed_step" in rows[0] and "recovered_step" in rows[0]
+    tracks = {}
+    if not shipped:
+        params = {
+            "smooth_steps": config.smooth_steps,
+            "ma_blocks": max(1, FALL_MA_STEPS // config.smooth_steps),
+        }
+        tracks = {
+            r["run_id"]: (r["steps"], r["reward_ma"]) for r in runs.sql(REWARD_MA_SQL, params).to_pylist()
+        }
+    for row in rows:
+        run_id = row["run_id"]
+        label_step = row["confirmed_step"] if shipped else row["collapse_step"]
         dipped = label_step is None and (row["deepest_dip"] or 1.0) < label.collapse_fraction
         onset, streak_from = label_step, -NEVER
-        if label_step is not None and run_id in tracks:
+        if shipped and label_step is not None:
+            onset = row["collapse_step"]
+            streak_from = -NEVER if row["recovered_step"] is None else row["recovered_step"]
+        elif label_step is not None and run_id in tracks:
             onset = fall_start(*tracks[run_id], label_step)
             streak_from = last_recovery(*tracks[run_id], onset)
         out.append(Labelled(run_id, setting_of(run_id), onset, dipped, bool(row["ends_collapsed"]),

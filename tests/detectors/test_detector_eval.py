@@ -157,6 +157,24 @@ def test_labels_move_the_collapse_to_where_the_fall_starts_and_void_alerts_befor
     assert 200 <= found.streak_from < found.collapse_step
 
 
+def test_labels_take_the_fall_and_the_recovery_from_the_post_mortem_where_it_gives_them(
+    tmp_path, monkeypatch
+):
+    """SYNTHETIC label rows as a post-mortem that ships ``confirmed_step`` and ``recovered_step`` gives them."""
+    write_rows(tmp_path, "fall-s1", stable_rows(60))
+    shipped = pa.Table.from_pylist([
+        {"run_id": "fall-s1", "collapse_step": 40, "confirmed_step": 55, "recovered_step": 24, "deepest_dip": 0.1,
+         "ends_collapsed": False, "last_step": 59},
+        {"run_id": "calm-s1", "collapse_step": None, "confirmed_step": None, "recovered_step": None,
+         "deepest_dip": 0.9, "ends_collapsed": False, "last_step": 59},
+    ])  # fmt: skip
+    monkeypatch.setattr(detector_eval, "label_collapse", lambda *args, **kwargs: shipped)
+    with open_runs(tmp_path) as runs:
+        fall, calm = detector_eval.labels(runs, DetectorConfig())
+    assert (fall.collapse_step, fall.label_step, fall.streak_from) == (40, 55, 24)
+    assert (calm.collapse_step, calm.streak_from, calm.dipped) == (None, -math.inf, False)
+
+
 # ---------------------------------------------------------------------------------------- crossings, alarms
 def test_first_crossing_is_the_first_step_from_start_whose_value_exceeds_the_threshold():
     series = (np.array([10.0, 20, 30, 40]), np.array([1.0, 5.0, 3.0, 7.0]))
