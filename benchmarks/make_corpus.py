@@ -10,11 +10,12 @@ Grid (every combination; a *setting* is one cell, its seeds are replicates):
 * learning rate: 3e-4, 1e-3, 3e-3
 
 6 × 2 × 2 × 3 = 72 settings × 2 seeds = 144 runs (about 50 min with 2 jobs on 2 cores). ``--failures``
-makes instead the ``FAILURE_SETTINGS``: the real ways runs fail without a KL penalty (entropy and length
-blowing up, reward variance dying, responses collapsing to a few tokens), each a plain change of the
+makes instead the ``FAILURE_SETTINGS``, aimed at the real ways runs fail without a KL penalty (entropy and
+length blowing up, reward variance dying, responses collapsing to a few tokens), each a plain change of the
 trainer's knobs (``temperature``, ``ent_coef``, ``lr``), one rollout batch of 4 updates at a constant lr,
-80 iterations. Nothing is injected: each run is real training of the bundled trainer, logged by the monitor (``log_turns=first``
-to keep the folders small). Runs already finished in ``--out`` are kept, so an interrupted build resumes.
+80 iterations; 1 of their 8 runs collapsed (docs/detectors.md: which, and why the rest are kept). Nothing is
+injected: each run is real training of the bundled trainer, logged by the monitor (``log_turns=first`` to
+keep the folders small). Runs already finished in ``--out`` are kept, so an interrupted build resumes.
 ``benchmarks/detector_eval.py`` labels and scores them; ``--export DIR`` then writes the compact copy
 kept in the repository (``steps`` only, the columns the detectors and the label read).
 """
@@ -42,18 +43,18 @@ LEARNING_RATES = (3e-4, 1e-3, 3e-3)
 
 
 FAILURE_SETTINGS: dict[str, dict] = {
-    # no KL penalty, a high constant lr and a sampling temperature above 1: the policy drifts from the
-    # reference with nothing pulling it back (probe: lr 1e-3 at temperature 1.0 ran its responses to the turn cap)
+    # no KL penalty, a high constant lr and a sampling temperature above 1 (a probe at temperature 1.0 ran its
+    # responses to the turn cap and lost its reward at iteration 10): both seeds learned
     "ppo-hot-t1.1-lr1e-3": {"algo": "ppo", "lr": 1e-3, "temperature": 1.1},
-    # GRPO sampling cold (temperature 0.5) at a high lr: groups turn all-equal and give no gradient, the
-    # Echo Trap (probe: lr 3e-3 lost its reward within 4 iterations, every group zero-variance)
+    # GRPO sampling cold (temperature 0.5) at a high lr: groups turn all-equal and give no gradient, the Echo
+    # Trap: seed 0 lost its reward within 8 iterations (every group zero-variance); seed 1 dipped and recovered
     "grpo-cold-t0.5-lr2e-3": {"algo": "grpo", "lr": 2e-3, "temperature": 0.5},
-    # an entropy bonus too strong for the lr: entropy runs to its maximum and every response shrinks to one
-    # malformed turn of 4 tokens (probe: ent_coef 0.05 at lr 3e-3 within 2 iterations; 0.01 at 1e-3 held)
+    # an entropy bonus (at lr 3e-3, 0.05 ran the entropy to its maximum and every response to one 4-token turn
+    # within 2 iterations): at lr 1e-3 all four runs learned
     "grpo-entropy-e0.03-lr1e-3": {"algo": "grpo", "lr": 1e-3, "ent_coef": 0.03},
     "grpo-entropy-e0.05-lr1e-3": {"algo": "grpo", "lr": 1e-3, "ent_coef": 0.05},
 }
-"""Settings that fail the ways real runs do, outside the reuse grid (``--failures``); all without a KL penalty
+"""Settings aimed at the ways real runs fail, outside the reuse grid (``--failures``); all without a KL penalty
 (``kl_ref_coef`` 0, the trainer's default)."""
 FAILURE_BASE = {"epochs": 1, "minibatches": 4, "staleness": 0, "anneal_lr": False}
 
