@@ -51,6 +51,7 @@ import re
 import statistics
 import sys
 import tempfile
+import textwrap
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -643,6 +644,11 @@ def goals_table(by_shape: Mapping[str, Sequence[Score]]) -> str:
     return "\n".join(lines)
 
 
+def _wrap(text: str) -> str:
+    """``text`` broken at 80 columns (long lists of runs stay readable in a terminal or a pipe)."""
+    return textwrap.fill(text, 80, break_on_hyphens=False, subsequent_indent="  ")
+
+
 def _percent(part: int, whole: int) -> str:
     return f"{part}/{whole} ({100 * part / whole:.0f} %)" if whole else "—"
 
@@ -687,16 +693,21 @@ def main(argv: list[str] | None = None) -> int:
             started = time.perf_counter()
             corpus = evaluate_corpus(args.corpus, config, args.shapes)
             collapsing = sum(r.collapse_step is not None for r in corpus["runs"])
-            print(f"Corpus: {len(corpus['runs'])} runs in {corpus['settings']} settings ({collapsing} collapsing; "
-                  f"{len(corpus['early'])} of them before step {config.min_history_steps}); leave-one-setting-out, "
-                  "thresholds fitted on the other settings in every shape at once; leads in optimizer updates "
-                  "from where the fall starts\n")  # fmt: skip
+            print(
+                _wrap(
+                    f"Corpus: {len(corpus['runs'])} runs in {corpus['settings']} settings ({collapsing} "
+                    f"collapsing; {len(corpus['early'])} of them falling from before step "
+                    f"{config.min_history_steps}); leave-one-setting-out, thresholds fitted on the other "
+                    "settings in every shape at once; leads in optimizer updates from where the fall starts"
+                )
+            )
+            print()  # fmt: skip
             print(goals_table(corpus["by_shape"]))
             for shape, scores in corpus["by_shape"].items():
                 print()
                 print(markdown(f"{shape}: {SHAPE_TITLES[shape]}", scores))
-                print(f"missed: {', '.join(scores[0].missed) or 'none'}")
-                print(f"false alarms: {', '.join(scores[0].false) or 'none'}")
+                print(_wrap(f"missed: {', '.join(scores[0].missed) or 'none'}"))
+                print(_wrap(f"false alarms: {', '.join(scores[0].false) or 'none'}"))
             if corpus["by_folder"]:
                 print()
                 print(markdown("The same alarms (update), per corpus folder", corpus["by_folder"]))
@@ -715,8 +726,8 @@ def main(argv: list[str] | None = None) -> int:
             for run in real["runs"]:
                 label = (f"collapse from {run.collapse_step} (label {run.label_step})" if run.collapse_step is not None
                          else "no collapse")  # fmt: skip
-                print(f"  {run.run_id}: {label}; first critical alert {real['alarms'].get(run.run_id)}; "
-                      f"verdict {real['verdicts'][run.run_id]}")  # fmt: skip
+                print(_wrap(f"  {run.run_id}: {label}; first critical alert {real['alarms'].get(run.run_id)}; "
+                            f"verdict {real['verdicts'][run.run_id]}"))  # fmt: skip
             payload["real"] = {"scores": [s.row() for s in real["scores"]], "alarms": real["alarms"],
                                "verdicts": real["verdicts"]}  # fmt: skip
     except (QueryError, ValueError, OSError) as error:
