@@ -9,9 +9,13 @@ Grid (every combination; a *setting* is one cell, its seeds are replicates):
 * staleness: rollouts 0 or 4 iterations old
 * learning rate: 3e-4, 1e-3, 3e-3
 
-6 × 2 × 2 × 3 = 72 settings × 2 seeds = 144 runs (about 50 min with 2 jobs on 2 cores). Nothing is
-injected: each run is real training of the bundled trainer, logged by the monitor (``log_turns=first``
-to keep the folders small). Runs already finished in ``--out`` are kept, so an interrupted build resumes.
+6 × 2 × 2 × 3 = 72 settings × 2 seeds = 144 runs (about 50 min with 2 jobs on 2 cores). ``--failures``
+makes instead the ``FAILURE_SETTINGS``, aimed at the real ways runs fail without a KL penalty (entropy and
+length blowing up, reward variance dying, responses collapsing to a few tokens), each a plain change of the
+trainer's knobs (``temperature``, ``ent_coef``, ``lr``), one rollout batch of 4 updates at a constant lr,
+80 iterations; 1 of their 8 runs collapsed (docs/detectors.md: which, and why the rest are kept). Nothing is
+injected: each run is real training of the bundled trainer, logged by the monitor (``log_turns=first`` to
+keep the folders small). Runs already finished in ``--out`` are kept, so an interrupted build resumes.
 ``benchmarks/detector_eval.py`` labels and scores them; ``--export DIR`` then writes the compact copy
 kept in the repository (``steps`` only, the columns the detectors and the label read).
 """
@@ -38,6 +42,23 @@ STALENESS = (0, 4)
 LEARNING_RATES = (3e-4, 1e-3, 3e-3)
 
 
+FAILURE_SETTINGS: dict[str, dict] = {
+    # no KL penalty, a high constant lr and a sampling temperature above 1 (a probe at temperature 1.0 ran its
+    # responses to the turn cap and lost its reward at iteration 10): both seeds learned
+    "ppo-hot-t1.1-lr1e-3": {"algo": "ppo", "lr": 1e-3, "temperature": 1.1},
+    # GRPO sampling cold (temperature 0.5) at a high lr: groups turn all-equal and give no gradient, the Echo
+    # Trap: seed 0 lost its reward within 8 iterations (every group zero-variance); seed 1 dipped and recovered
+    "grpo-cold-t0.5-lr2e-3": {"algo": "grpo", "lr": 2e-3, "temperature": 0.5},
+    # an entropy bonus (at lr 3e-3, 0.05 ran the entropy to its maximum and every response to one 4-token turn
+    # within 2 iterations): at lr 1e-3 all four runs learned
+    "grpo-entropy-e0.03-lr1e-3": {"algo": "grpo", "lr": 1e-3, "ent_coef": 0.03},
+    "grpo-entropy-e0.05-lr1e-3": {"algo": "grpo", "lr": 1e-3, "ent_coef": 0.05},
+}
+"""Settings aimed at the ways real runs fail, outside the reuse grid (``--failures``); all without a KL penalty
+(``kl_ref_coef`` 0, the trainer's default)."""
+FAILURE_BASE = {"epochs": 1, "minibatches": 4, "staleness": 0, "anneal_lr": False}
+
+
 def setting_name(algo: str, reuse: str, staleness: int, lr: float) -> str:
     return f"{algo}-r{reuse}-st{staleness}-lr{lr:.0e}".replace("e-0", "e-")
 
@@ -51,6 +72,13 @@ def grid() -> list[dict]:
                       "config": {"algo": algo, "epochs": epochs, "minibatches": minibatches,
                                  "staleness": staleness, "lr": lr}})  # fmt: skip
     return cells
+
+
+def failure_grid() -> list[dict]:
+    """The ``FAILURE_SETTINGS`` with their ``TrainConfig`` overrides."""
+    return [
+        {"setting": name, "config": {**FAILURE_BASE, **knobs}} for name, knobs in FAILURE_SETTINGS.items()
+    ]
 
 
 def run_one(job: tuple[str, str, dict, int, int]) -> tuple[str, float, str]:
@@ -80,6 +108,11 @@ EXPORT_COLUMNS = (
 )  # fmt: skip
 """What the compact copy keeps of each run's ``steps`` (metrics as float32): every column a detector, the
 collapse label, the root-cause rules or a baseline reads."""
+
+
+CONFIG_KEPT = ("algo", "epochs", "minibatches", "staleness", "lr", "iterations", "ctn", "dual_clip", "seed",
+               "anneal_lr", "temperature", "ent_coef", "kl_ref_coef")  # fmt: skip
+"""The config knobs a compact copy's ``run.json`` keeps (the ones that make a setting)."""
 
 
 def export(runs_dir: Path, target: Path, name: Callable[[dict], str | None] | None = None) -> list[str]:
@@ -122,8 +155,7 @@ def export(runs_dir: Path, target: Path, name: Callable[[dict], str | None] | No
             config = run["config"]
             info = {"run_id": new_id, "algorithm": run["algorithm"], "seed": run["seed"],
                     "status": run["status"], "schema_version": 1,
-                    "config": {k: config.get(k) for k in ("algo", "epochs", "minibatches", "staleness", "lr",
-                                                          "iterations", "ctn", "dual_clip", "seed")},
+                    "config": {k: config.get(k) for k in CONFIG_KEPT if k in config},
                     "setting": new_id.rsplit("-s", 1)[0], "made_by": f"benchmarks/make_corpus.py @ {commit}"}  # fmt: skip
             (target / new_id / "run.json").write_text(json.dumps(info, indent=1) + "\n")
             written.append(new_id)
@@ -139,6 +171,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--iterations", type=int, default=80)
+    parser.add_argument(
+        "--failures", action="store_true", help="make the FAILURE_SETTINGS instead of the grid"
+    )
     parser.add_argument("--export", type=Path, help="write the compact copy of --out's runs here and stop")
     args = parser.parse_args()
     if args.export:
@@ -146,7 +181,8 @@ def main() -> None:
         print(f"exported {args.out} → {args.export}")
         return
     jobs = [(args.out, cell["setting"], cell["config"], seed, args.iterations)
-            for seed in range(args.first_seed, args.first_seed + args.seeds) for cell in grid()
+            for seed in range(args.first_seed, args.first_seed + args.seeds)
+            for cell in (failure_grid() if args.failures else grid())
             if not finished(Path(args.out) / f"{cell['setting']}-s{seed}")]  # fmt: skip
     print(f"{len(jobs)} runs to make, {args.jobs} at a time", flush=True)
     started = time.perf_counter()
