@@ -351,7 +351,9 @@ class RunSet:
         self._scratch = tempfile.mkdtemp(prefix="sorl-query-")
         weakref.finalize(self, shutil.rmtree, self._scratch, ignore_errors=True)
         folders = {p.resolve() for p in self.roots if p.is_dir()}
-        self._allowed = sorted({str(p) for p in folders} | {str(p) for p in self.run_dirs})
+        dirs = {str(p) for p in folders} | {str(p) for p in self.run_dirs}
+        # DuckDB checks a part's name as given, so a folder's name as a pattern (``glob_literal``) too
+        self._allowed = sorted(dirs | {glob_literal(d) for d in dirs})
         try:
             confine(self.con, memory_limit=self.memory_limit, temp_dir=self._scratch, allowed=self._allowed)
         except duckdb.Error as error:
@@ -529,7 +531,7 @@ class RunSet:
 
     @staticmethod
     def _read_parts(cursor: duckdb.DuckDBPyConnection, sql: str, files: list[str]) -> pa.Table:
-        return cursor.sql(sql, params={"files": files}).to_arrow_table()
+        return cursor.sql(sql, params={"files": [glob_literal(f) for f in files]}).to_arrow_table()
 
     def _read_each(
         self, cursor: duckdb.DuckDBPyConnection, sql: str, files: list[str]
@@ -566,7 +568,8 @@ class RunSet:
             parquet = "SELECT * FROM read_parquet($files, hive_partitioning = true, union_by_name = true)"
             union = f" UNION ALL BY NAME SELECT * FROM {known}"
             union += f" UNION ALL BY NAME SELECT * FROM {FOREIGN_STEPS}" if foreign else ""
-            self._create_named_view(table, f"{parquet}{union}".replace("$files", _sql_list(files)))
+            literal = _sql_list(glob_literal(f) for f in files)
+            self._create_named_view(table, f"{parquet}{union}".replace("$files", literal))
         elif foreign:
             self._drop(table)
             self._create_named_view(table, f"SELECT * FROM {FOREIGN_STEPS}")
@@ -889,6 +892,13 @@ def check_read_only(query: str) -> None:
 
 def _has(table: pa.Table, schema: pa.Schema) -> bool:
     return set(schema.names) <= set(table.column_names)
+
+
+def glob_literal(path: str) -> str:
+    """``path`` as a DuckDB glob pattern that matches only itself: DuckDB reads every file name it is given
+    as a pattern and has no escape character, so each of ``*``, ``?`` and ``[`` becomes a one-character
+    class (``a[x]`` -> ``a[[]x]``, which does not match a sibling ``ax``)."""
+    return "".join(f"[{char}]" if char in "*?[" else char for char in path)
 
 
 def _sql_list(items: Iterable[str]) -> str:
