@@ -80,6 +80,8 @@ def _structured_file_format(path: Path) -> str | None:
         return "tensorboard"
     if path.suffix == wandb.OFFLINE_SUFFIX:
         return "wandb"
+    if path.name == hf.STATE_FILE:  # by its name, even on one line (else a one-row JSON-lines log)
+        return "hf"
     start = head(path)
     if len(start) == HEAD_BYTES and b"\n" not in start and start.lstrip().startswith(b"{"):
         start = head(path, LONG_HEAD_BYTES)  # a first line longer than the head: W&B rows with many columns
