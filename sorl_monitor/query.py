@@ -999,9 +999,10 @@ def metric_summary(runs: RunSet, run_id: str) -> pa.Table:
     run_rows = runs.sql(f"SELECT step, {', '.join(quoted)} FROM steps WHERE run_id = $run", {"run": run_id})
     summaries = []
     with duckdb.connect() as summariser:
-        summariser.register("run_rows", run_rows)
         for start in range(0, len(numeric), SUMMARY_COLUMNS_PER_QUERY):
             batch = range(start, min(start + SUMMARY_COLUMNS_PER_QUERY, len(numeric)))
+            # only the batch's columns: a statement over all of them binds in time linear in their number
+            summariser.register("run_rows", run_rows.select(["step", *(numeric[i] for i in batch)]))
             aggregates = ", ".join(SUMMARY_AGGREGATES.format(q=quoted[i], i=i) for i in batch)
             (values,) = summariser.sql(SUMMARY_SQL.format(aggregates=aggregates)).to_arrow_table().to_pylist()
             summaries += [
