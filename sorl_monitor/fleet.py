@@ -153,9 +153,10 @@ def fleet_verdicts(
     kept, todo = _unchanged(previous, targets)
     pairs = [(t.path, t.mtime) for t in todo]
     work = chunks(pairs, max(1, chunk_size))
-    run = _run_ray if engine == "ray" else _run_local
-    options = (fmt, tuple(settings), config, dict(storage_options or {}))
-    rows = run(work, options, jobs, address, progress, len(pairs))
+    job = _Job(
+        work, (fmt, tuple(settings), config, dict(storage_options or {})), jobs, address, progress, len(pairs)
+    )
+    rows = _run_ray(job) if engine == "ray" else _run_local(job)
     return sorted_verdicts(pa.concat_tables([kept, verdict_table(rows)]))
 
 
@@ -173,39 +174,41 @@ def _unchanged(previous: pa.Table | None, targets: list[Target]) -> tuple[pa.Tab
     return verdict_table(keep), [t for t in targets if t.path not in kept_paths]
 
 
-def _run_local(
-    work: list[Sequence[tuple[str, float | None]]],
-    options: tuple[Any, ...],
-    jobs: int | None,
-    address: str | None,
-    progress: Callable[[int, int], None] | None,
-    total: int,
-) -> list[dict[str, Any]]:
-    if address is not None:
+@dataclass(frozen=True)
+class _Job:
+    """The chunks to judge, ``judge_targets``' options after the chunk, and how to run and report them."""
+
+    work: list[Sequence[tuple[str, float | None]]]
+    options: tuple[Any, ...]
+    jobs: int | None
+    address: str | None
+    progress: Callable[[int, int], None] | None
+    total: int
+
+    def report(self, rows: list[dict[str, Any]]) -> None:
+        if self.progress is not None:
+            self.progress(len({row["path"] for row in rows}), self.total)
+
+
+def _run_local(job: _Job) -> list[dict[str, Any]]:
+    if job.address is not None:
         raise ValueError("--address is for the ray engine")
-    jobs = jobs or os.cpu_count() or 1
+    jobs = job.jobs or os.cpu_count() or 1
     rows: list[dict[str, Any]] = []
-    if jobs == 1 or len(work) <= 1:
-        for chunk in work:
-            rows += judge_targets(chunk, *options)
-            _report(progress, rows, total)
+    if jobs == 1 or len(job.work) <= 1:
+        for chunk in job.work:
+            rows += judge_targets(chunk, *job.options)
+            job.report(rows)
         return rows
     with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(judge_targets, chunk, *options) for chunk in work]
+        futures = [pool.submit(judge_targets, chunk, *job.options) for chunk in job.work]
         for future in concurrent.futures.as_completed(futures):
             rows += future.result()
-            _report(progress, rows, total)
+            job.report(rows)
     return rows
 
 
-def _run_ray(
-    work: list[Sequence[tuple[str, float | None]]],
-    options: tuple[Any, ...],
-    jobs: int | None,
-    address: str | None,
-    progress: Callable[[int, int], None] | None,
-    total: int,
-) -> list[dict[str, Any]]:
+def _run_ray(job: _Job) -> list[dict[str, Any]]:
     try:
         import ray
     except ModuleNotFoundError:
@@ -217,23 +220,18 @@ def _run_ray(
             "log_to_driver": False,
             "logging_level": "ERROR",
         }
-        if address is None:
-            init["num_cpus"] = jobs or os.cpu_count() or 1
-        ray.init(address=address, **init)
+        if job.address is None:
+            init["num_cpus"] = job.jobs or os.cpu_count() or 1
+        ray.init(address=job.address, **init)
     try:
         task = ray.remote(num_cpus=1)(judge_targets)
-        pending = [task.remote(list(chunk), *options) for chunk in work]
+        pending = [task.remote(list(chunk), *job.options) for chunk in job.work]
         rows: list[dict[str, Any]] = []
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
             rows += ray.get(done[0])
-            _report(progress, rows, total)
+            job.report(rows)
         return rows
     finally:
         if started_here:
             ray.shutdown()
-
-
-def _report(progress: Callable[[int, int], None] | None, rows: list[dict[str, Any]], total: int) -> None:
-    if progress is not None:
-        progress(len({row["path"] for row in rows}), total)

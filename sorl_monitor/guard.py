@@ -57,6 +57,12 @@ class GuardDecision:
         }
 
 
+ARMED = GuardDecision(
+    True, 0, "ctn_auto_start", "info", 1.0, 1.0, "CTN on from the first update (ctn_auto_start = on)"
+)
+"""The switch an armed guard (``ctn_auto_start = on``) records at the first update: CTN on from the start."""
+
+
 class CtnGuard:
     """Hysteresis switch for CTN driven by the live detectors (see module docstring).
 

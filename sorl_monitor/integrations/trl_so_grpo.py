@@ -38,7 +38,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from sorl_monitor.detectors import DetectorConfig
 from sorl_monitor.detectors import config_from_mapping as detector_config
-from sorl_monitor.guard import CtnGuard, GuardDecision
+from sorl_monitor.guard import ARMED, CtnGuard, GuardDecision
 from sorl_monitor.integrations.trl import CLIPPED_LOSSES, TokenTapMixin, update_keys
 from sorl_monitor.metrics import masked_mean, turn_ids_from_mask
 from sorl_monitor.objective import (
@@ -246,17 +246,7 @@ class SORLLossMixin:
         )  # type: ignore[attr-defined]
         if self._sorl_armed_unlogged:  # armed: on from the first update, logged like a switch (once)
             self._sorl_armed_unlogged = False
-            self._record(
-                GuardDecision(
-                    True,
-                    0,
-                    "ctn_auto_start",
-                    "info",
-                    1.0,
-                    1.0,
-                    "CTN on from the first update (ctn_auto_start = on)",
-                )
-            )
+            self._record(ARMED)
         if self._sorl_seen is not None and self._sorl_seen[0] == update:
             return
         new_batch = self._sorl_seen is not None and keys["iteration"] != self._sorl_seen[1]

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from sorl_monitor.detectors import DetectorConfig
-from sorl_monitor.guard import CtnGuard, GuardDecision
+from sorl_monitor.guard import ARMED, CtnGuard, GuardDecision
 from sorl_monitor.integrations.verl import MonitoredPolicyLoss, config_value
 from sorl_monitor.metrics import clip_fraction, masked_mean
 from sorl_monitor.objective import (
@@ -200,17 +200,7 @@ class SorlPolicyLoss(MonitoredPolicyLoss):
             return
         if self._armed_unlogged:
             self._armed_unlogged = False
-            self._switch(
-                GuardDecision(
-                    True,
-                    0,
-                    "ctn_auto_start",
-                    "info",
-                    1.0,
-                    1.0,
-                    "CTN on from the first update (ctn_auto_start = on)",
-                )
-            )
+            self._switch(ARMED)
         if self.controller is not None and self._clip_fracs:
             mean_clip = sum(self._clip_fracs) / len(self._clip_fracs)
             if self.controller.update(mean_clip) is not None:

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from sorl_monitor.guard import CtnGuard, GuardDecision
+from sorl_monitor.guard import ARMED, CtnGuard, GuardDecision
 from sorl_monitor.monitor import Monitor
 from sorl_monitor.objective import AdaptiveCtnCoef
 from sorl_monitor.trainer.algorithms import get_algorithm
@@ -123,9 +123,7 @@ def train(cfg: TrainConfig, progress: Progress | None = None) -> TrainResult:
                   clip_eps=settings.clip_eps, clip_eps_high=settings.clip_eps_high).watch(policy)  # fmt: skip
     result = TrainResult(mon.run_dir, mon.run_id, "finished")
     if guard is not None and guard.active:  # armed: CTN on from the first update, logged like a switch
-        armed = GuardDecision(True, 0, "ctn_auto_start", "info", 1.0, 1.0,
-                              "CTN on from the first update (ctn_auto_start = on)")  # fmt: skip
-        record_switch(armed, mon, result)
+        record_switch(ARMED, mon, result)
     steps_per_iteration = cfg.epochs * cfg.minibatches
     mb_size = cfg.episodes // cfg.minibatches
     group_ids = torch.arange(cfg.episodes) // cfg.group_size
