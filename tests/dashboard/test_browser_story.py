@@ -34,11 +34,7 @@ from tests.dashboard.test_live_browser import (
 )
 
 NINE_B = (
-    ROOT.parent.parent
-    / "shared"
-    / "real_logs"
-    / "trl-grpo-qwen3.5-9b-rho-sweep"
-    / "rho0.70_seed44.step_logs.json"
+    ROOT.parent / "shared" / "real_logs" / "trl-grpo-qwen3.5-9b-rho-sweep" / "rho0.70_seed44.step_logs.json"
 )
 """The 9B TRL GRPO run its authors label collapsed (outside the repository: skipped where it is absent)."""
 VIEWS = (("Overview", "overview"), ("Turns", "turn-heatmap"), ("Gradients", "module-norms"))

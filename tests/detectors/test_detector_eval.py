@@ -110,7 +110,9 @@ def test_labels_give_each_run_its_collapse_step_and_its_setting_without_the_seed
     fall, calm = found["ppo-r4x4-st4-lr1e-3-s1"], found["ppo-r4x4-st4-lr1e-3-s2"]
     assert fall.setting == calm.setting == "ppo-r4x4-st4-lr1e-3"
     assert fall.label_step is not None and 300 <= fall.label_step and not fall.dipped
-    assert 280 <= fall.collapse_step <= 310 < fall.label_step  # the fall starts at the reward's last peak rows
+    assert (
+        280 <= fall.collapse_step <= 310 < fall.label_step
+    )  # the fall starts at the reward's last peak rows
     assert calm.collapse_step is None and not calm.dipped
 
 
