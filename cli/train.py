@@ -234,7 +234,7 @@ def demo_command(
             console.print(f"Root cause of {name}'s collapse: {cause}", highlight=False)
     if remedies["token-ppo"]:
         console.print(f"Remedy suggested for token-ppo: {remedies['token-ppo']}", highlight=False)
-    console.print("One seed is one outcome: benchmarks/collapse_sweep.py measures rates over seeds (README, "
+    console.print("One seed is one outcome: experiments/collapse_sweep.py measures rates over seeds (README, "
                   "'Bundled trainer').", highlight=False)  # fmt: skip
     console.print(f"\nPer run:             .venv/bin/sorl postmortem {log_dir}/token-ppo\n"
                   f"Open the dashboard:  .venv/bin/sorl dashboard {log_dir}   (then http://127.0.0.1:8501)\n"

@@ -24,7 +24,7 @@ forward: an alert at step ``s`` depends only on rows ``≤ s``.
 
 Thresholds live in ``DetectorConfig`` (``load_config`` reads a TOML file, ``--set name=value``
 overrides; the post-mortem's own settings are ``postmortem.PostmortemConfig``). The critical thresholds of
-the fold detectors are the ones ``benchmarks/detector_eval.py`` fits on the bundled trainer's corpus (scored
+the fold detectors are the ones ``experiments/detector_eval.py`` fits on the bundled trainer's corpus (scored
 leave-one-setting-out); see docs/detectors.md.
 """
 
@@ -98,7 +98,7 @@ class DetectorConfig:
     # ---- clip_rise: token clip fraction ÷ its quiet level
     clip_rise_warning: float = 3.0
     clip_rise_critical: float = 5.0
-    """Fitted on the bundled trainer's corpus (benchmarks/detector_eval.py), as are the next two criticals."""
+    """Fitted on the bundled trainer's corpus (experiments/detector_eval.py), as are the next two criticals."""
     # ---- turn_clip_rise: share of turns with w̄_k outside the trust region ÷ its quiet level
     turn_clip_rise_warning: float = 4.0
     turn_clip_rise_critical: float = 10.0

@@ -1,5 +1,5 @@
-"""benchmarks/detector_eval.py: scoring, labels, first crossings, the threshold fit and its leave-one-setting-out
-scoring, the baselines' rules, the logging shapes (benchmarks/log_shapes.py) and the command line, on small
+"""experiments/detector_eval.py: scoring, labels, first crossings, the threshold fit and its leave-one-setting-out
+scoring, the baselines' rules, the logging shapes (experiments/log_shapes.py) and the command line, on small
 SYNTHETIC corpora (tests/detectors/synthetic.py) and, where they are here, the real logs."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from tests.detectors.synthetic import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "benchmarks" / "detector_eval.py"
+SCRIPT = ROOT / "experiments" / "detector_eval.py"
 REAL_LOGS = ROOT.parent / "shared" / "real_logs"
 spec = importlib.util.spec_from_file_location("detector_eval", SCRIPT)
 detector_eval = importlib.util.module_from_spec(spec)

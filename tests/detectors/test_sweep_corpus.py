@@ -1,4 +1,4 @@
-"""benchmarks/sweep_corpus.py: the collapse sweep's open-loop runs copied as corpus runs named after their
+"""experiments/sweep_corpus.py: the collapse sweep's open-loop runs copied as corpus runs named after their
 setting, auto-CTN runs left out; on SYNTHETIC runs logged through the real Monitor."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from sorl_monitor.query import open_runs
 from tests.detectors.synthetic import KEYS, stable_rows
 
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("sweep_corpus", ROOT / "benchmarks" / "sweep_corpus.py")
+spec = importlib.util.spec_from_file_location("sweep_corpus", ROOT / "experiments" / "sweep_corpus.py")
 sweep_corpus = importlib.util.module_from_spec(spec)
 sys.modules["sweep_corpus"] = sweep_corpus
 spec.loader.exec_module(sweep_corpus)

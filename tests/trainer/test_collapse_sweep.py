@@ -1,4 +1,4 @@
-"""benchmarks/collapse_sweep.py: a finished run is read back only when it was trained with the settings the
+"""experiments/collapse_sweep.py: a finished run is read back only when it was trained with the settings the
 sweep would train now (a changed default means it is trained again), and the hold ratio's arithmetic."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from sorl_monitor.trainer.config import TrainConfig
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "collapse_sweep.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "collapse_sweep.py"
 spec = importlib.util.spec_from_file_location("collapse_sweep", SCRIPT)
 collapse_sweep = importlib.util.module_from_spec(spec)
 sys.modules["collapse_sweep"] = collapse_sweep

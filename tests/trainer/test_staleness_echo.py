@@ -1,4 +1,4 @@
-"""benchmarks/staleness_echo.py: the dip arithmetic, on SYNTHETIC reward series."""
+"""experiments/staleness_echo.py: the dip arithmetic, on SYNTHETIC reward series."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "staleness_echo.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "staleness_echo.py"
 spec = importlib.util.spec_from_file_location("staleness_echo", SCRIPT)
 staleness_echo = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(staleness_echo)

@@ -1,6 +1,6 @@
 """Collapse sweep of the bundled trainer (not a test): off-policy settings × seeds × variants.
 
-    python benchmarks/collapse_sweep.py [--seeds 8] [--iterations 100] [--jobs 2]
+    python experiments/collapse_sweep.py [--seeds 8] [--iterations 100] [--jobs 2]
         [--settings default milder:lr=3e-4 harsher:staleness=8] [--variants ppo so_ppo so_ppo+auto ppo+auto]
 
 A setting is ``name[:field=value,...]`` (``TrainConfig`` fields over the defaults; ``--set`` applies to

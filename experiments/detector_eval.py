@@ -1,6 +1,6 @@
 """How early and how reliably the detectors see collapse coming: a labelled corpus and real logs, apart.
 
-    python benchmarks/detector_eval.py --corpus benchmarks/corpus [--real ../shared/real_logs] [--json out.json]
+    python experiments/detector_eval.py --corpus experiments/corpus [--real ../shared/real_logs] [--json out.json]
 
 Each run is labelled by the post-mortem's collapse label (``sorl_monitor.postmortem.label_collapse``: the
 reward moving average below half its running peak without recovery, or a non-finite loss), which no
@@ -15,7 +15,7 @@ the run came back from earns no lead. It is a detection when it comes at or befo
 any critical alert is a false alarm. A run that is not labelled collapsed but whose reward moving average
 dipped below half its peak and recovered is counted apart (an alarm there is neither false nor a detection).
 
-**Logging shapes** (``benchmarks/log_shapes.py``): every corpus run is scored as the bundled trainer logs it
+**Logging shapes** (``experiments/log_shapes.py``): every corpus run is scored as the bundled trainer logs it
 (``update``: one row per optimizer update) and as real trainers log it — ``batch`` (one row per rollout
 batch, the mean over its updates, written and read back as verl's file logger's JSON lines with verl's
 names), ``every5`` (every 5 optimizer steps, as the Hugging Face ``Trainer`` logs, written and read back as a
@@ -26,7 +26,7 @@ the log's end counts too: a status other than ``healthy`` is an alarm at the log
 collapsing run flagged by its log's end (critical alert or verdict) is detected, its lead negative when
 that came after the fall started.
 
-(a) **Corpus** (``benchmarks/make_corpus.py``: the bundled trainer over a grid of settings), scored
+(a) **Corpus** (``experiments/make_corpus.py``: the bundled trainer over a grid of settings), scored
     leave-one-setting-out: for each setting, the critical thresholds in ``FITTED`` are chosen on the
     *other* settings' runs, in every shape at once (grid search: the best recall at a false-alarm rate ≤ 5 %
     there; ties go to fewer false alarms, the longer median lead share, then the higher thresholds), then
@@ -62,7 +62,7 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-for folder in (ROOT, ROOT / "benchmarks"):
+for folder in (ROOT, ROOT / "experiments"):
     if str(folder) not in sys.path:
         sys.path.insert(0, str(folder))
 

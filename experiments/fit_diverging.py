@@ -1,8 +1,8 @@
 """Calibrate ``diverging`` (how many families above their quiet levels together make a critical alert) on the corpus.
 
-    python benchmarks/fit_diverging.py --corpus benchmarks/corpus [--corpus more_runs …]
+    python experiments/fit_diverging.py --corpus experiments/corpus [--corpus more_runs …]
 
-Uses ``benchmarks/detector_eval.py``'s machinery with one fitted threshold, ``diverging_critical`` (the count of
+Uses ``experiments/detector_eval.py``'s machinery with one fitted threshold, ``diverging_critical`` (the count of
 families, ``DetectorConfig.diverging_critical``: critical above it), every other threshold at the shipped defaults.
 Scored leave-one-setting-out: for each setting, the count is chosen on the other settings' runs (best recall at a
 false-alarm rate ≤ 5 % there) and applied to that setting's runs. Printed beside the same scoring with
@@ -19,7 +19,7 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-for path in (ROOT, ROOT / "benchmarks"):
+for path in (ROOT, ROOT / "experiments"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 

@@ -1,6 +1,6 @@
 """The labelled corpus the detectors are evaluated on: bundled-trainer runs over a grid of settings.
 
-    python benchmarks/make_corpus.py [--out corpus_runs] [--jobs 2] [--seeds 2] [--iterations 80]
+    python experiments/make_corpus.py [--out corpus_runs] [--jobs 2] [--seeds 2] [--iterations 80]
 
 Grid (every combination; a *setting* is one cell, its seeds are replicates):
 
@@ -16,7 +16,7 @@ trainer's knobs (``temperature``, ``ent_coef``, ``lr``), one rollout batch of 4 
 80 iterations; 1 of their 8 runs collapsed (docs/detectors.md: which, and why the rest are kept). Nothing is
 injected: each run is real training of the bundled trainer, logged by the monitor (``log_turns=first`` to
 keep the folders small). Runs already finished in ``--out`` are kept, so an interrupted build resumes.
-``benchmarks/detector_eval.py`` labels and scores them; ``--export DIR`` then writes the compact copy
+``experiments/detector_eval.py`` labels and scores them; ``--export DIR`` then writes the compact copy
 kept in the repository (``steps`` only, the columns the detectors and the label read).
 """
 
@@ -156,7 +156,7 @@ def export(runs_dir: Path, target: Path, name: Callable[[dict], str | None] | No
             info = {"run_id": new_id, "algorithm": run["algorithm"], "seed": run["seed"],
                     "status": run["status"], "schema_version": 1,
                     "config": {k: config.get(k) for k in CONFIG_KEPT if k in config},
-                    "setting": new_id.rsplit("-s", 1)[0], "made_by": f"benchmarks/make_corpus.py @ {commit}"}  # fmt: skip
+                    "setting": new_id.rsplit("-s", 1)[0], "made_by": f"experiments/make_corpus.py @ {commit}"}  # fmt: skip
             (target / new_id / "run.json").write_text(json.dumps(info, indent=1) + "\n")
             written.append(new_id)
     return written

@@ -1,6 +1,6 @@
 """Staleness echo in sweep runs (not a test): does the reward dip every ``staleness + 1`` iterations?
 
-    python benchmarks/staleness_echo.py sweep_runs/v2/default [more folders] [--variants ppo so_ppo-auto]
+    python experiments/staleness_echo.py sweep_runs/v2/default [more folders] [--variants ppo so_ppo-auto]
 
 With rollouts ``s`` iterations stale, iteration ``k``'s batch is sampled by the learner as it left
 iteration ``k − s − 1``; with CTN pulling each learner towards its batch's sampler, a bad learner comes

@@ -1,9 +1,9 @@
 """The collapse sweep's open-loop runs as more detector corpus: the trainer's 8 × 4 reuse, outside make_corpus's grid.
 
-    python benchmarks/sweep_corpus.py SWEEP_FOLDER... --out reuse_corpus
-    python benchmarks/detector_eval.py --corpus benchmarks/corpus reuse_corpus
+    python experiments/sweep_corpus.py SWEEP_FOLDER... --out reuse_corpus
+    python experiments/detector_eval.py --corpus experiments/corpus reuse_corpus
 
-``SWEEP_FOLDER`` is a folder of ``benchmarks/collapse_sweep.py`` runs (e.g. ``sweep_runs/v2/default``).
+``SWEEP_FOLDER`` is a folder of ``experiments/collapse_sweep.py`` runs (e.g. ``sweep_runs/v2/default``).
 Each run is copied compactly (``make_corpus.export``) under its setting's name,
 ``<algo>[_nodc]-r<epochs>x<minibatches>-st<staleness>-lr<lr>[-anneal]-s<seed>`` (``_nodc``: dual-clip
 off; ``-anneal``: the lr decays to 0), so ``detector_eval`` scores it leave-one-setting-out beside the
