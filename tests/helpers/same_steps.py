@@ -1,4 +1,4 @@
-"""Shared pieces of the log-reader tests: the same metrics logged through ``Monitor.log_scalars``, compared."""
+"""The same metrics logged through ``Monitor.log_scalars`` and read by a log reader, compared step by step."""
 
 from __future__ import annotations
 
