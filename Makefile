@@ -39,11 +39,17 @@ browser:
 demo: install
 	$(VENV)/bin/sorl demo --log-dir $(DEMO_DIR)
 
+# Two pytest-xdist workers: most tests wait (child processes, servers, a browser, polling), so two at a time
+# use 2 cores; tests/conftest.py keeps a module's tests, a shared session fixture's and the browser tests
+# each on one worker. PYTEST_WORKERS=0 runs them in this process.
+PYTEST_WORKERS ?= 2
+XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadgroup)
+
 test: install browser
-	$(PY) -m pytest
+	$(PY) -m pytest $(XDIST)
 
 test-fast: install
-	$(PY) -m pytest -m "not slow and not browser"
+	$(PY) -m pytest $(XDIST) -m "not slow and not browser"
 
 lint: install
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

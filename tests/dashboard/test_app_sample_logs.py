@@ -37,7 +37,7 @@ def test_a_collapsed_sample_run_shows_its_collapse_and_root_cause(monkeypatch):
     collapsed = {run_id: step for run_id, step in collapse_steps().items() if step is not None}
     assert set(collapsed) == {"token-ppo"}, collapsed  # the sample logs' README: only token PPO collapses
     run_id, step = next(iter(collapsed.items()))
-    overview = open_app(monkeypatch, SAMPLE_LOGS, runs=[run_id])
+    overview = wait_for_verdicts(open_app(monkeypatch, SAMPLE_LOGS, runs=[run_id]))  # as slow as the machine
     assert f"collapsed at step {step}" in page_text(overview)
     assert f"collapse at {step}" in [a["text"] for a in charts(overview)["overview"]["layout"]["annotations"]]
     alerts = wait_for_verdicts(open_app(monkeypatch, SAMPLE_LOGS, view="Alerts & verdict", runs=[run_id]))

@@ -61,9 +61,10 @@ def assert_clean(app: AppTest) -> None:
 
 
 def wait_for_verdicts(app: AppTest, timeout_s: float = 120) -> AppTest:
-    """Rerun the page until no post-mortem is still being computed."""
+    """Rerun the page until no post-mortem is still being computed (the Alerts view's "Computing the
+    post-mortem …", the Overview's "verdict: computing the post-mortem…")."""
     deadline = time.monotonic() + timeout_s
-    while "Computing the post-mortem" in page_text(app) and time.monotonic() < deadline:
+    while "computing the post-mortem" in page_text(app).lower() and time.monotonic() < deadline:
         time.sleep(0.5)
         app.run()
     return app
