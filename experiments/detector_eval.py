@@ -68,7 +68,7 @@ for folder in (ROOT, ROOT / "experiments"):
 
 import log_shapes  # noqa: E402
 
-from sorl_monitor.detectors import DetectorConfig, detect, load_config  # noqa: E402
+from sorl_monitor.detectors import DetectorConfig, detect, get_detectors, load_config  # noqa: E402
 from sorl_monitor.postmortem import PostmortemConfig, label_collapse, postmortem  # noqa: E402
 from sorl_monitor.query import QueryError, RunSet, open_runs  # noqa: E402
 
@@ -76,6 +76,8 @@ FITTED: dict[str, tuple[float, ...]] = {
     "clip_rise_critical": (3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 15.0, 20.0, math.inf),
     "turn_clip_rise_critical": (4.0, 6.0, 8.0, 10.0, 12.0, 15.0, 20.0, 30.0, math.inf),
     "kl_rise_critical": (5.0, 8.0, 10.0, 15.0, 20.0, 30.0, 50.0, 100.0, math.inf),
+    "entropy_rise_critical": (4.0, 8.0, 16.0, math.inf),
+    "diverging_critical": (2.0, 3.0, math.inf),
 }
 """The critical thresholds fitted on the corpus, and the grid each is chosen from (any ``<detector>_critical``
 of ``DetectorConfig`` may be added; the grid search holds every combination in memory)."""
@@ -197,8 +199,9 @@ class Score:
     missed: list[str] = field(default_factory=list)
     false: list[str] = field(default_factory=list)
 
-    def add(self, run: Labelled, alarm: float | None) -> None:
+    def add(self, run: Labelled, alarm: float | None, why: str | None = None) -> None:
         alarm = None if alarm is None or math.isinf(alarm) else int(alarm)
+        by = f" {why}" if why and alarm is not None else ""
         if run.collapse_step is not None:
             self.collapsing += 1
             if alarm is not None and alarm <= run.deadline:
@@ -206,7 +209,7 @@ class Score:
                 self.leads.append(run.collapse_step - alarm)
                 self.lead_shares.append((run.collapse_step - alarm) / max(run.collapse_step, 1))
             else:
-                self.missed.append(f"{run.run_id} (collapse {run.collapse_step}, alarm {alarm})")
+                self.missed.append(f"{run.run_id} (collapse {run.collapse_step}, alarm {alarm}{by})")
         elif run.dipped:
             self.dipped += 1
             self.alarmed_dips += alarm is not None
@@ -214,7 +217,7 @@ class Score:
             self.stable += 1
             if alarm is not None:
                 self.false_alarms += 1
-                self.false.append(f"{run.run_id} (alarm {alarm})")
+                self.false.append(f"{run.run_id} (alarm {alarm}{by})")
 
     def row(self) -> dict[str, Any]:
         return {
@@ -314,24 +317,35 @@ class Alarms:
     fitted: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)
     unfitted: dict[str, np.ndarray] = field(default_factory=dict)
     baselines: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    unfitted_names: dict[str, list[str]] = field(default_factory=dict)
 
 
 def collect_alarms(runs: RunSet, config: DetectorConfig, to_update=lambda run_id, step: step) -> Alarms:
-    """Run the detectors once with the fitted ones' warnings at 0 and criticals off (their values give every
-    threshold's crossings), and the baselines; ``to_update(run_id, step)`` maps a log's step to updates."""
-    detectors = [key.removesuffix("_critical") for key in FITTED]
-    probe = config.replace(**{f"{name}_warning": 0.0 for name in detectors},
-                           **{f"{name}_critical": math.inf for name in detectors})  # fmt: skip
-    fitted: dict[str, dict[str, tuple[list, list]]] = {name: {} for name in detectors}
-    unfitted: dict[str, list[int]] = {}
-    for row in detect(runs, probe).to_pylist():
+    """The fitted detectors' values at every block (each threshold's crossings follow from them), the unfitted
+    ones' critical alerts, and the baselines; ``to_update(run_id, step)`` maps a log's step to updates.
+
+    Two passes. The fitted single-signal detectors run alone with warnings at 0 and criticals off, so every
+    block's value is reported. Everything else runs at the configured warning levels with the fitted
+    criticals off: a joint detector (``diverging``) counts the families above their own *warning* levels, so
+    it must see the configured ones (with the probe's zero warnings every logged family would count)."""
+    fitted_names = [key.removesuffix("_critical") for key in FITTED]
+    joint = {d.name for d in get_detectors() if d.reads}
+    single = [name for name in fitted_names if name not in joint]
+    off = {f"{name}_critical": math.inf for name in fitted_names}
+    probe = config.replace(**{f"{name}_warning": 0.0 for name in single}, **off)
+    rest = config.replace(**{f"{name}_warning": 0.0 for name in fitted_names if name in joint}, **off)
+    fitted: dict[str, dict[str, tuple[list, list]]] = {name: {} for name in fitted_names}
+    unfitted: dict[str, list[tuple[int, str]]] = {}
+    rows = detect(runs, probe, detectors=single).to_pylist() if single else []
+    rows += [r for r in detect(runs, rest).to_pylist() if r["detector"] not in single]
+    for row in rows:
         name, run_id, step = row["detector"], row["run_id"], to_update(row["run_id"], row["step"])
         if name in fitted:
             steps, values = fitted[name].setdefault(run_id, ([], []))
             steps.append(step)
             values.append(row["value"])
         elif row["severity"] == "critical":
-            unfitted.setdefault(run_id, []).append(step)
+            unfitted.setdefault(run_id, []).append((step, name))
     params = {**BASELINE_PARAMS, "min_history_steps": config.min_history_steps}
     baselines = {}
     for method, sql in (("olmo_grad_spike", OLMO_GRAD_SPIKE_SQL), ("foundry_spike", FOUNDRY_SPIKE_SQL)):
@@ -343,8 +357,9 @@ def collect_alarms(runs: RunSet, config: DetectorConfig, to_update=lambda run_id
     return Alarms(
         {name: {run_id: (np.array(s, float), np.array(v, float)) for run_id, (s, v) in by_run.items()}
          for name, by_run in fitted.items()},
-        {run_id: np.array(sorted(steps), float) for run_id, steps in unfitted.items()},
+        {run_id: np.array(sorted(s for s, _ in found), float) for run_id, found in unfitted.items()},
         baselines,
+        {run_id: [name for _, name in sorted(found)] for run_id, found in unfitted.items()},
     )  # fmt: skip
 
 
@@ -440,11 +455,30 @@ def baseline_alarm(run: Labelled, alarms: Mapping[str, Alarms], method: str) -> 
     return first_from(alarms[run.shape].baselines[method].get(run.run_id), run.streak_from)
 
 
-def score_with(name: str, runs: Sequence[Labelled], alarms: Mapping[Any, float | None]) -> Score:
+def score_with(
+    name: str,
+    runs: Sequence[Labelled],
+    alarms: Mapping[Any, float | None],
+    why: Mapping[tuple[str, str], str] | None = None,
+) -> Score:
     score = Score(name)
     for run in runs:
-        score.add(run, alarms.get(run.key, alarms.get(run.run_id)))
+        score.add(run, alarms.get(run.key, alarms.get(run.run_id)), (why or {}).get(run.key))
     return score
+
+
+def alarm_source(run: Labelled, alarms: Alarms, thresholds: Mapping[str, float]) -> str | None:
+    """Which detector raised ``run``'s alarm at ``thresholds`` (the fitted ones) and the configured levels."""
+    best, name = first_from(alarms.unfitted.get(run.run_id), run.streak_from), None
+    if not math.isinf(best):
+        steps = alarms.unfitted[run.run_id]
+        name = alarms.unfitted_names[run.run_id][int(np.searchsorted(steps, best, side="left"))]
+    for key, threshold in thresholds.items():
+        detector = key.removesuffix("_critical")
+        step = first_crossing(alarms.fitted[detector].get(run.run_id), threshold, run.streak_from)
+        if step < best:
+            best, name = step, detector
+    return name
 
 
 # ------------------------------------------------------------------------------------------ shapes
@@ -566,7 +600,11 @@ def evaluate_corpus(
         if shape == "cut":
             mine = {run.key: min(found[run.key], verdicts.get(run.run_id, NEVER)) for run in shaped_runs}
         name = "detectors (leave-one-setting-out)" + (" + verdict" if shape == "cut" else "")
-        scores[shape] = [score_with(name, shaped_runs, mine)] + [
+        why = {run.key: alarm_source(run, alarms[shape], fits[run.setting]) for run in shaped_runs}
+        if shape == "cut":
+            why.update({run.key: "verdict" for run in shaped_runs
+                        if verdicts.get(run.run_id, NEVER) < found[run.key]})  # fmt: skip
+        scores[shape] = [score_with(name, shaped_runs, mine, why)] + [
             score_with(method, shaped_runs, {r.key: baseline_alarm(r, alarms, method) for r in shaped_runs})
             for method in ("olmo_grad_spike", "foundry_spike")
         ]

@@ -17,7 +17,9 @@ import pytest
 from sorl_monitor.detectors import DetectorConfig
 from sorl_monitor.query import open_runs
 from tests.detectors.synthetic import (
+    ONSET,
     PATTERNS,
+    RISING_PATTERNS,
     collapse_reward,
     firing_level,
     grad_spike,
@@ -207,6 +209,23 @@ def test_collect_alarms_finds_a_brief_early_excursion_that_a_later_higher_one_do
     assert 150 <= detector_eval.first_crossing(series, critical) < 170
     assert 300 <= detector_eval.first_crossing(series, 4 * critical) < 320
     assert 300 <= detector_eval.first_crossing(series, critical, start=200) < 320
+
+
+def test_collect_alarms_counts_diverging_families_at_their_configured_warning_levels_synthetic(tmp_path):
+    """SYNTHETIC: entropy and length above their warning levels from ONSET, clip fraction and KL quiet: two
+    families, under ``diverging``'s critical count. (Probing the fitted detectors with their warnings at 0
+    counted the quiet clip and KL families too, and gave this run a critical ``diverging`` alarm.)"""
+    rows = stable_rows(400)
+    for row in rows[ONSET:]:
+        RISING_PATTERNS["entropy_rise"](row)
+        RISING_PATTERNS["length_rise"](row)
+    write_rows(tmp_path, "two-families", rows)
+    config = DetectorConfig()
+    assert config.diverging_critical >= 2  # two families must stay below the critical count
+    with open_runs(tmp_path) as runs:
+        found = detector_eval.collect_alarms(runs, config)
+    assert "two-families" not in found.unfitted
+    assert len(found.fitted["clip_rise"]["two-families"][0]) > 0  # the fitted values are still all reported
 
 
 def test_baselines_fire_as_their_rules_say_synthetic(tmp_path):
