@@ -77,7 +77,7 @@ FITTED: dict[str, tuple[float, ...]] = {
     "turn_clip_rise_critical": (4.0, 6.0, 8.0, 10.0, 12.0, 15.0, 20.0, 30.0, math.inf),
     "kl_rise_critical": (5.0, 8.0, 10.0, 15.0, 20.0, 30.0, 50.0, 100.0, math.inf),
     "entropy_rise_critical": (4.0, 8.0, 16.0, math.inf),
-    "diverging_critical": (2.0, 3.0, math.inf),
+    "diverging_critical": (2.0, 3.0, 4.0, math.inf),
 }
 """The critical thresholds fitted on the corpus, and the grid each is chosen from (any ``<detector>_critical``
 of ``DetectorConfig`` may be added; the grid search holds every combination in memory)."""
@@ -275,11 +275,11 @@ def setting_of(run_id: str) -> str:
     return re.sub(r"-s\d+$", "", run_id)
 
 
-def labels(runs: RunSet, config: DetectorConfig) -> list[Labelled]:
+def labels(runs: RunSet, config: DetectorConfig, label: PostmortemConfig | None = None) -> list[Labelled]:
     """Every run's label, with where its fall starts and where the alert streak into it may begin: the
     post-mortem's own (``collapse_step`` at the fall's start, ``confirmed_step``, ``recovered_step``) where
     ``label_collapse`` gives them, else ``fall_start`` and ``last_recovery`` here."""
-    out, label = [], PostmortemConfig()
+    out, label = [], label or PostmortemConfig()
     rows = label_collapse(runs, config, postmortem_config=label).to_pylist()
     shipped = bool(rows) and "confirmed_step" in rows[0] and "recovered_step" in rows[0]
     tracks = {}
@@ -556,14 +556,17 @@ def verdict_alarms(runs: RunSet, labelled: Sequence[Labelled], config: DetectorC
 
 # ------------------------------------------------------------------------------------------ evaluation
 def evaluate_corpus(
-    path: Sequence[str], config: DetectorConfig, shapes: Sequence[str] = ("update",)
+    path: Sequence[str],
+    config: DetectorConfig,
+    shapes: Sequence[str] = ("update",),
+    label: PostmortemConfig | None = None,
 ) -> dict[str, Any]:
     """Label the corpus, score every shape leave-one-setting-out beside the baselines (see module docstring)."""
     unknown = sorted(set(shapes) - set(log_shapes.SHAPES))
     if unknown:
         raise ValueError(f"unknown logging shape {unknown[0]!r}; known: {', '.join(log_shapes.SHAPES)}")
     with tempfile.TemporaryDirectory(prefix="detector_eval-") as scratch, open_runs(path) as runs:
-        base = labels(runs, config)
+        base = labels(runs, config, label)
         alarms = {"update": collect_alarms(runs, config)} if "update" in shapes else {}
         updates = shaped_logs(runs, base, [s for s in shapes if s != "update"], Path(scratch))
         by_shape = {s: in_shape(base, s) for s in shapes if s not in ("update", "cut")}
@@ -721,6 +724,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", type=Path, default=None, help="TOML file of detector settings")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="name=value")
     parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON")
+    parser.add_argument("--peak-band", type=float, default=None,
+                        help="label the fall's start with this peak band instead of the post-mortem's "
+                             "(a sensitivity check of the label; the shipped label is the default)")  # fmt: skip
     args = parser.parse_args(argv)
     if not args.corpus and not args.real:
         parser.error("give --corpus and/or --real")
@@ -729,7 +735,12 @@ def main(argv: list[str] | None = None) -> int:
         payload: dict[str, Any] = {"config": config.to_dict(), "baselines": BASELINE_PARAMS}
         if args.corpus:
             started = time.perf_counter()
-            corpus = evaluate_corpus(args.corpus, config, args.shapes)
+            band = None if args.peak_band is None else PostmortemConfig(peak_band=args.peak_band)
+            if band is not None:
+                print(f"Label: the fall starts where the reward moving average was last within {args.peak_band:g} "
+                      "of its running peak (a sensitivity check; the post-mortem ships "
+                      f"{PostmortemConfig().peak_band:g})\n")  # fmt: skip
+            corpus = evaluate_corpus(args.corpus, config, args.shapes, band)
             collapsing = sum(r.collapse_step is not None for r in corpus["runs"])
             print(
                 _wrap(

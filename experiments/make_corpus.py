@@ -12,8 +12,9 @@ Grid (every combination; a *setting* is one cell, its seeds are replicates):
 6 × 2 × 2 × 3 = 72 settings × 2 seeds = 144 runs (about 50 min with 2 jobs on 2 cores). ``--failures``
 makes instead the ``FAILURE_SETTINGS``, aimed at the real ways runs fail without a KL penalty (entropy and
 length blowing up, reward variance dying, responses collapsing to a few tokens), each a plain change of the
-trainer's knobs (``temperature``, ``ent_coef``, ``lr``), one rollout batch of 4 updates at a constant lr,
-80 iterations; 1 of their 8 runs collapsed (docs/detectors.md: which, and why the rest are kept). Nothing is
+trainer's knobs (``temperature``, ``ent_coef``, ``lr``, ``warmup_iterations``), one rollout batch of 4 updates
+at a constant lr (or one warmed up), 80 iterations (60 for the warmed-up lr); 5 of their 12 runs collapsed
+(docs/detectors.md: which, and why the rest are kept). Nothing is
 injected: each run is real training of the bundled trainer, logged by the monitor (``log_turns=first`` to
 keep the folders small). Runs already finished in ``--out`` are kept, so an interrupted build resumes.
 ``experiments/detector_eval.py`` labels and scores them; ``--export DIR`` then writes the compact copy
