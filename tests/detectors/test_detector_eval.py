@@ -331,6 +331,17 @@ def test_leave_one_setting_out_scores_every_run_once_synthetic(loso_corpus):
     assert (score.collapsing, score.detected, score.stable, score.false_alarms) == (3, 2, 2, 0)
 
 
+def test_a_row_deadline_moves_to_the_first_logged_row_at_or_after_the_fall_and_never_earlier():
+    rows = {"a": np.array([4.0, 9.0, 14.0]), "b": np.array([4.0, 9.0]), "c": np.array([4.0])}
+    runs = [run("a-s0", 8), run("b-s0", 9), run("c-s0", 8), run("calm-s0")]
+    for r, run_id in zip(runs, "abcd", strict=True):
+        r.run_id = run_id
+    moved = detector_eval.with_row_deadlines(runs, rows)
+    assert [r.deadline for r in moved] == [9, 9, 8, None]  # no row after the fall: the deadline stays
+    assert [r.deadline for r in detector_eval.with_row_deadlines(runs, None)] == [8, 9, 8, None]
+    assert runs[0].deadline == 8  # the runs given are not changed
+
+
 def test_the_alarm_matrix_takes_the_earliest_of_the_fitted_crossings_and_the_unfitted_alerts_synthetic():
     g = grid()
     alarms = alarms_of({"r": jump(80, g[-1] + 1)}, unfitted={"r": [120]})
