@@ -463,7 +463,8 @@ def test_every_shape_scores_every_run_and_the_cut_logs_stop_early_synthetic(corp
     result = detector_eval.evaluate_corpus([str(corpus)], DetectorConfig(), log_shapes.SHAPES)
     assert list(result["by_shape"]) == list(log_shapes.SHAPES)
     for shape, scores in result["by_shape"].items():
-        assert [(s.collapsing, s.stable) for s in scores] == [(2, 2)] * 4, shape
+        assert [(s.collapsing, s.stable) for s in scores] == [(2, 2)] * 5, shape
+        assert scores[-1].method == detector_eval.ROW_DEADLINE
 
 
 def test_cli_prints_the_tables_and_writes_json_synthetic(corpus, tmp_path, capsys):
@@ -480,6 +481,7 @@ def test_cli_prints_the_tables_and_writes_json_synthetic(corpus, tmp_path, capsy
         "olmo_grad_spike",
         "foundry_spike",
         f"{detector_eval.LATE_PREFIX}{DetectorConfig().min_history_steps}",
+        detector_eval.ROW_DEADLINE,
     }
     assert sorted(payload["corpus"]["by_shape"]) == ["batch", "update"]
     assert sorted(payload["corpus"]["fits"]) == ["calm", "kl"]
