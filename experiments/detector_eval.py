@@ -748,6 +748,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", type=Path, default=None, help="TOML file of detector settings")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="name=value")
     parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON")
+    parser.add_argument("--fit", action="append", default=[], metavar="NAME=V,V,…",
+                        help="fit this <detector>_critical over these values (inf: off) besides FITTED's; "
+                             "NAME= with no values leaves it at its configured value")  # fmt: skip
     parser.add_argument("--peak-band", type=float, default=None,
                         help="label the fall's start with this peak band instead of the post-mortem's "
                              "(a sensitivity check of the label; the shipped label is the default)")  # fmt: skip
@@ -756,6 +759,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give --corpus and/or --real")
     try:
         config = load_config(args.config, args.overrides)
+        for item in args.fit:
+            name, _, values = item.partition("=")
+            if not hasattr(config, name) or not name.endswith("_critical"):
+                raise ValueError(f"--fit {item}: not a <detector>_critical setting")
+            if values:
+                FITTED[name] = tuple(float(v) for v in values.split(","))
+            else:
+                FITTED.pop(name, None)
         payload: dict[str, Any] = {"config": config.to_dict(), "baselines": BASELINE_PARAMS}
         if args.corpus:
             started = time.perf_counter()

@@ -467,6 +467,13 @@ def test_every_shape_scores_every_run_and_the_cut_logs_stop_early_synthetic(corp
         assert scores[-1].method == detector_eval.ROW_DEADLINE
 
 
+def test_cli_fit_takes_only_critical_settings_with_a_one_line_error(tmp_path, capsys):
+    assert detector_eval.main(["--corpus", str(tmp_path), "--fit", "smooth_steps=4,8"]) == 2
+    assert detector_eval.main(["--corpus", str(tmp_path), "--fit", "no_such_critical=1"]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 2 and all(line.startswith("error: --fit ") for line in errors)
+
+
 def test_cli_prints_the_tables_and_writes_json_synthetic(corpus, tmp_path, capsys):
     out = tmp_path / "eval.json"
     assert (
