@@ -55,8 +55,9 @@ FAILURE_SETTINGS: dict[str, dict] = {
     "grpo-entropy-e0.03-lr1e-3": {"algo": "grpo", "lr": 1e-3, "ent_coef": 0.03},
     "grpo-entropy-e0.05-lr1e-3": {"algo": "grpo", "lr": 1e-3, "ent_coef": 0.05},
     # the same bonus with the lr warmed up to 3e-3 over 40 iterations: the run learns while the lr is low, then
-    # (both seeds, between iterations 37 and 54) the entropy runs to its maximum and every response to one
-    # 4-token turn: the entropy blow-up and the responses collapsing to a few tokens, after a healthy phase
+    # (all four runs, GRPO and PPO, between iterations 28 and 54) the entropy runs to its maximum and every
+    # response to one 4-token turn: the entropy blow-up and responses collapsing to a few tokens, after a
+    # healthy phase
     "grpo-entwarm-e0.05-lr3e-3": {
         "algo": "grpo",
         "lr": 3e-3,
