@@ -32,9 +32,9 @@ import torch
 from torch import Tensor, nn
 
 from sorl_monitor.in_flight import InFlight
-from sorl_monitor.integrations.names import guess_family, map_metrics
 from sorl_monitor.metrics import TURN_COLUMNS, UpdateMetrics, update_metrics
 from sorl_monitor.module_tracker import ModuleNormTracker, pre_clip_norms
+from sorl_monitor.names import guess_family, map_metrics
 from sorl_monitor.notify import Notifier
 from sorl_monitor.run_info import (
     RunInfo,
@@ -46,10 +46,11 @@ from sorl_monitor.run_info import (
     utc_now,
 )
 from sorl_monitor.schema import KEYS, RUN_FILE, SEVERITIES, check_run_id, column_name, metric_column
+from sorl_monitor.settings import check_setting, check_writer_settings
 from sorl_monitor.storage import RunUploader, UploadStats, is_remote, staging_dir
 from sorl_monitor.transfer import start_copy
 from sorl_monitor.warn import MonitorWarning, WarnOnce, warn
-from sorl_monitor.writer import ParquetStreamWriter, WriterStats, check_setting, check_writer_settings
+from sorl_monitor.writer import ParquetStreamWriter, WriterStats
 
 __all__ = ["Monitor", "MonitorWarning", "warn"]
 

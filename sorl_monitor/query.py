@@ -68,6 +68,7 @@ from sorl_monitor.schema import (
     type_conflicts,
     visible_parts,
 )
+from sorl_monitor.settings import check_setting
 from sorl_monitor.sql_sandbox import (
     QUERY_MISTAKES,
     Request,
@@ -81,7 +82,6 @@ from sorl_monitor.sql_sandbox import (
 )
 from sorl_monitor.storage import StorageError, is_remote, mirror_down
 from sorl_monitor.verdict_table import VERDICT_COLUMNS, read_verdicts, verdict_table
-from sorl_monitor.writer import check_setting
 
 RUN_COLUMNS = pa.schema(
     [

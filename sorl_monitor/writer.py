@@ -16,8 +16,6 @@ import collections
 import contextlib
 import fcntl
 import json
-import math
-import numbers
 import os
 import socket
 import threading
@@ -30,6 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sorl_monitor.schema import conform, part_range
+from sorl_monitor.settings import check_writer_settings
 
 _STOP = object()
 
@@ -39,31 +38,6 @@ def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str))
     os.replace(tmp, path)
-
-
-def check_setting(
-    name: str, value: object, *, above: float | None = None, least: float | None = None, integer: bool = False
-) -> None:
-    """``ValueError`` naming the setting unless ``value`` is a finite number (an integer where ``integer``)
-    ``> above`` and ``>= least``."""
-    kind = numbers.Integral if integer else numbers.Real
-    ok = isinstance(value, kind) and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and (above is None or value > above) and (least is None or value >= least)
-    if not ok:
-        bound = f"> {above:g}" if above is not None else f">= {least:g}"
-        raise ValueError(f"{name} must be {'an integer' if integer else 'a number'} {bound}, not {value!r}")
-
-
-def check_writer_settings(
-    flush_interval_s: float, flush_rows: int, max_pending_rows: int, compact_parts: int, compact_rows: int
-) -> None:
-    """``ValueError`` on a writer setting that cannot work (e.g. ``flush_interval_s=0`` busy-loops)."""
-    check_setting("flush_interval_s", flush_interval_s, above=0)
-    check_setting("flush_rows", flush_rows, least=1, integer=True)
-    check_setting("max_pending_rows", max_pending_rows, least=1, integer=True)
-    check_setting("compact_rows", compact_rows, least=1, integer=True)
-    if compact_parts != 0:
-        check_setting("compact_parts (0 turns compaction off)", compact_parts, least=2, integer=True)
 
 
 _ARROW_TYPES = {

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from sorl_monitor.integrations.names import guess_family
+from sorl_monitor.names import guess_family
 from sorl_monitor.logs import read_log
 from tests.logs.conftest import assert_same_steps, parquet_steps
 from tests.logs.writers import (
