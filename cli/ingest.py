@@ -13,7 +13,7 @@ import typer
 if TYPE_CHECKING:
     from sorl_monitor.monitor import Monitor
 
-from sorl_monitor.cli.common import (
+from sorl_monitor.cli.console import (
     LogFormatOption,
     LoggingStepsOption,
     MapOption,

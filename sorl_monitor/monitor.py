@@ -37,7 +37,7 @@ from sorl_monitor.module_tracker import ModuleNormTracker, pre_clip_norms
 from sorl_monitor.names import guess_family, map_metrics
 from sorl_monitor.notify import Notifier
 from sorl_monitor.run_info import (
-    RunInfo,
+    RunFile,
     distributed_rank,
     ending_status,
     new_run_id,
@@ -172,7 +172,7 @@ class Monitor:
             notify = Notifier(notify)  # a URL: checked here, on every rank (ValueError, one line)
         self.notifier = notify if self.rank == 0 else None
         if not enabled:
-            self._info = RunInfo(self.run_dir / RUN_FILE, fields, writes=False)
+            self._info = RunFile(self.run_dir / RUN_FILE, fields, writes=False)
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         remote_refused = ""
@@ -197,7 +197,7 @@ class Monitor:
                 stacklevel=2,
             )
         writes = self.rank == 0 and not self._writer.refused
-        self._info = RunInfo(self.run_dir / RUN_FILE, fields, writes=writes, owner=self)
+        self._info = RunFile(self.run_dir / RUN_FILE, fields, writes=writes, owner=self)
 
     # ------------------------------------------------------------------ attach
     def watch(

@@ -16,7 +16,7 @@ import pytest
 import streamlit as st
 from streamlit.testing.v1 import AppTest
 
-from sorl_monitor.dashboard.settings import LOG_DIR_ENV, REFRESH_ENV
+from sorl_monitor.dashboard.launch_settings import LOG_DIR_ENV, REFRESH_ENV
 from tests.dashboard import ppo_loop
 from tests.detectors import tiny_pg
 
