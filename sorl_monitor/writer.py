@@ -20,6 +20,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,42 @@ class WriterStats:
     last_error: str = ""
 
 
+COMPACT_PARTS = 32
+"""Parts of one level merged into one by compaction (``ParquetStreamWriter.compact_parts``'s default)."""
+
+
+@dataclass(frozen=True)
+class WriterConfig:
+    """How a ``Monitor`` writes its rows: ``Monitor(log_dir, writer=WriterConfig(flush_interval_s=0.5))``.
+
+    Each field is also a keyword of ``Monitor`` (``Monitor(log_dir, flush_interval_s=0.5)``). A setting that
+    cannot work (``flush_interval_s <= 0``, ``flush_rows < 1``, …) raises ``ValueError`` when it is made.
+    """
+
+    flush_interval_s: float = 2.0
+    """Seconds between flushes: rows reach disk at least this often (a crash loses at most this much)."""
+    flush_rows: int = 200_000
+    """A table with this many queued rows is flushed at once, before ``flush_interval_s``."""
+    max_pending_rows: int = 4_000_000
+    """Rows queued across tables before new ones are dropped and counted (``Monitor.writer_stats``)."""
+    compact: bool = True
+    """Merge small part files into ``part-A-B.parquet`` as they pile up (``COMPACT_PARTS`` of one level)
+    and at close; ``False`` keeps every flush's part."""
+    storage_options: Mapping[str, str] | None = None
+    """For a ``log_dir`` in object storage (``s3://bucket/prefix``): endpoint and credentials
+    (``storage.filesystem``); ``None``: the usual AWS environment variables."""
+
+    def __post_init__(self) -> None:
+        check_writer_settings(
+            self.flush_interval_s, self.flush_rows, self.max_pending_rows, self.compact_parts, 1
+        )
+
+    @property
+    def compact_parts(self) -> int:
+        """``ParquetStreamWriter``'s ``compact_parts``: ``COMPACT_PARTS``, or 0 (compaction off)."""
+        return COMPACT_PARTS if self.compact else 0
+
+
 class ParquetStreamWriter:
     """Background writer of one rank's tables under ``run_dir``.
 
@@ -130,7 +167,7 @@ class ParquetStreamWriter:
         flush_rows: int = 200_000,
         max_pending_rows: int = 4_000_000,
         compression: str = "snappy",
-        compact_parts: int = 32,
+        compact_parts: int = COMPACT_PARTS,
         compact_rows: int = 1_000_000,
         refused: str = "",
     ) -> None:
