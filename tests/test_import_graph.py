@@ -199,3 +199,24 @@ def test_every_module_imports_in_a_fresh_interpreter():
     )
     done = subprocess.run([sys.executable, "-c", script, *order], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+QUERY_LAYER_MAY_IMPORT = {
+    "sorl_monitor.query_errors": set(),
+    "sorl_monitor.catalog": {"sorl_monitor.query_errors"},
+    "sorl_monitor.views": {"sorl_monitor.query_errors"},
+    "sorl_monitor.user_sql": {"sorl_monitor.query_errors", "sorl_monitor.views"},
+}
+"""The query layer's modules below ``query`` and which of the layer's modules each may import (its map in
+docs/architecture.md): the catalog never builds views, the views never list folders."""
+
+
+def test_the_query_layer_imports_only_downward():
+    graph = import_graph()
+    layer = {*QUERY_LAYER_MAY_IMPORT, "sorl_monitor.query"}
+    for module, allowed in QUERY_LAYER_MAY_IMPORT.items():
+        assert graph[module] & layer <= allowed, module
+    outside = {
+        name for name, targets in graph.items() if name not in layer and targets & set(QUERY_LAYER_MAY_IMPORT)
+    }
+    assert outside == set(), "outside the query layer, import sorl_monitor.query (the facade)"
