@@ -12,7 +12,7 @@ import torch
 from sorl_monitor import Monitor, MonitorWarning, WriterConfig
 from sorl_monitor.module_tracker import module_group
 from sorl_monitor.query import open_runs
-from tests.conftest import write_run
+from tests.helpers.runs import write_run
 
 
 def test_one_update_writes_steps_turns_and_modules(tmp_path):

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from sorl_monitor.query import CorruptPartWarning, QueryError, metric_summary, open_runs, run_overview
-from tests.conftest import write_run
+from tests.helpers.runs import write_run
 
 
 def test_views_span_several_runs_with_different_extra_columns(tmp_path):
