@@ -16,11 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sorl_monitor.names import OLDER_NAMES
 from sorl_monitor.logs import csvlog, hf, hf_console, jsonl, mlflow, tensorboard, verl, verl_console, wandb
 from sorl_monitor.logs.detect import detect_file, detect_folder, is_run_dir
 from sorl_monitor.logs.options import LogOptions, apply_names, source_column
 from sorl_monitor.logs.table import ForeignRun, LogFormatError, LogWarning, run_name, unique_ids
+from sorl_monitor.names import OLDER_NAMES
 
 FORMATS = (
     "sorl",

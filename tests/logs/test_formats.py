@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 import torch
 
-from sorl_monitor.names import guess_family
 from sorl_monitor.logs import read_log
+from sorl_monitor.names import guess_family
 from tests.logs.conftest import assert_same_steps, parquet_steps
 from tests.logs.writers import (
     TRL_STEPS,

@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from sorl_monitor.cli.main import app
 from sorl_monitor.fleet import fleet_verdicts
-from sorl_monitor.ranks import rank_skew
 from sorl_monitor.query import open_runs
+from sorl_monitor.ranks import rank_skew
 from tests.storage.conftest import start_server
 from tests.storage.ranks import log_updates
 
