@@ -1,6 +1,6 @@
 """experiments/detector_eval.py: scoring, labels, first crossings, the threshold fit and its leave-one-setting-out
 scoring, the baselines' rules, the logging shapes (experiments/log_shapes.py) and the command line, on small
-SYNTHETIC corpora (tests/detectors/synthetic.py) and, where they are here, the real logs."""
+SYNTHETIC corpora (tests/helpers/synthetic.py) and, where they are here, the real logs."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 
 from sorl_monitor.detectors import DetectorConfig
 from sorl_monitor.query import open_runs
-from tests.detectors.synthetic import (
+from tests.helpers.synthetic import (
     ONSET,
     PATTERNS,
     RISING_PATTERNS,
