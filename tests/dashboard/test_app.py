@@ -11,7 +11,7 @@ import pytest
 
 from sorl_monitor import Monitor
 from sorl_monitor.dashboard import sql_view
-from sorl_monitor.dashboard.settings import SQL_TIMEOUT_ENV
+from sorl_monitor.dashboard.launch_settings import SQL_TIMEOUT_ENV
 from sorl_monitor.postmortem import postmortem
 from sorl_monitor.query import open_runs
 from tests.helpers.dashboard_app import (

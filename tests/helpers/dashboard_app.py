@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from sorl_monitor.dashboard.settings import LOG_DIR_ENV, REFRESH_ENV
+from sorl_monitor.dashboard.launch_settings import LOG_DIR_ENV, REFRESH_ENV
 from tests.helpers.paths import ROOT
 
 APP = ROOT / "dashboard" / "app.py"

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from sorl_monitor import Monitor
-from sorl_monitor.integrations.names import guess_family, map_metrics
 from sorl_monitor.logs import ForeignRun
+from sorl_monitor.names import guess_family, map_metrics
 from sorl_monitor.query import open_runs
 
 SKIPPED = {"run_id", "rank", "step", "wall_time"}

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 import torch
 
-from sorl_monitor.integrations.names import guess_family
 from sorl_monitor.logs import read_log
+from sorl_monitor.names import guess_family
 from tests.helpers.log_writers import (
     TRL_STEPS,
     VERL_STEPS,

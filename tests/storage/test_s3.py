@@ -15,9 +15,9 @@ from typer.testing import CliRunner
 
 from sorl_monitor.cli.main import app
 from sorl_monitor.fleet import fleet_verdicts
-from sorl_monitor.integrations.ranks import rank_skew
 from sorl_monitor.local_s3 import SeaweedUnavailable, start_server
 from sorl_monitor.query import open_runs
+from sorl_monitor.ranks import rank_skew
 from tests.helpers.s3_ranks import log_updates
 
 ROOT = Path(__file__).resolve().parents[2]
