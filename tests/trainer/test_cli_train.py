@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
+from sorl_monitor.cli import train as train_cli
 from sorl_monitor.cli.main import app
 
 runner = CliRunner()
@@ -50,9 +51,17 @@ def test_a_tiny_training_run_prints_its_verdict(tmp_path):
     assert again.exit_code == 2 and "already exists" in again.output
 
 
+SMALL_RUN = {"episodes": 16, "group_size": 4, "epochs": 1, "minibatches": 2, "warmstart_steps": 5,
+             "warmstart_stuck_nll": None}  # fmt: skip
+"""The demo's runs at their smallest: its wiring is under test, not its outcome (a full-size warm start
+cost about 30 CPU-seconds in each of its three processes)."""
+
+
 @pytest.mark.slow
 def test_the_demo_trains_its_runs_and_prints_one_post_mortem_table(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))  # the warm-start cache goes under ~/.cache
+    small = {name: ({**fields, **SMALL_RUN}, what) for name, (fields, what) in train_cli.DEMO_RUNS.items()}
+    monkeypatch.setattr(train_cli, "DEMO_RUNS", small)
     result = runner.invoke(app, ["demo", "--steps", "1", "--log-dir", str(tmp_path / "demo")])
     assert result.exit_code == 0, result.output
     for name in ("token-ppo", "so-ppo-auto-ctn", "ppo-auto-ctn"):
