@@ -49,6 +49,7 @@ from sorl_monitor.catalog import (
 from sorl_monitor.logs import ForeignRun, LogOptions
 from sorl_monitor.query_errors import CorruptPartWarning, QueryError, first_line
 from sorl_monitor.schema import TABLES
+from sorl_monitor.settings import check_setting
 from sorl_monitor.sql_sandbox import QUERY_MISTAKES, SandboxError
 from sorl_monitor.user_sql import USER_SQL_TIMEOUT_S, UserStatements
 from sorl_monitor.verdict_table import verdict_table
@@ -62,7 +63,6 @@ from sorl_monitor.views import (
     foreign_steps,
     glob_literal,
 )
-from sorl_monitor.writer import check_setting
 
 __all__ = [
     "FOREIGN_STEPS",

@@ -17,8 +17,8 @@ from sorl_monitor.live import LiveRuns, latest_reused_step
 from sorl_monitor.postmortem import label_collapse, postmortem
 from sorl_monitor.query import open_runs
 from sorl_monitor.views import Views
-from tests.dashboard.conftest import GUARDED
-from tests.detectors.synthetic import KEYS, PATTERNS, collapse_reward, stable_rows, write_rows
+from tests.helpers.dashboard_app import GUARDED
+from tests.helpers.synthetic import KEYS, PATTERNS, collapse_reward, stable_rows, write_rows
 
 TURN_CELLS_CHECK = """
 SELECT step, turn_idx, count(*) AS turns, avg(ratio_mean) AS ratio_mean, max(ratio_max) AS token_ratio_max

@@ -10,7 +10,7 @@ import os
 import sorl_monitor.logs as logs
 import sorl_monitor.logs.detect as detect
 from sorl_monitor.query import open_runs
-from tests.conftest import write_run
+from tests.helpers.runs import write_run
 
 
 def ten_line_log(path):
