@@ -2,7 +2,7 @@
 several run sets one after another in one shared DuckDB database, statements through DuckDB's DB-API. Each
 reads what a plain run set reads.
 
-The runs are synthetic: random batches logged through ``Monitor`` (``tests.conftest.write_run``)."""
+The runs are synthetic: random batches logged through ``Monitor`` (``tests.helpers.runs.write_run``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from sorl_monitor.query import QueryError, SharedDatabase, open_runs
 from sorl_monitor.schema import TABLES
-from tests.conftest import write_run
+from tests.helpers.runs import write_run
 
 ROWS_SQL = "SELECT * FROM {table} ORDER BY ALL"
 
