@@ -185,6 +185,21 @@ def overview_phases(browser: Browser, url: str) -> dict[str, float]:
     return {name: value / 1000 for name, value in phases.items() if value is not None}
 
 
+CHART_PAGE = "component/sorl_monitor.dashboard.live_chart.live_chart/index.html"
+
+
+def chart_page_ready(browser: Browser, base: str) -> float:
+    """Seconds from navigation to plotly.js run (``window.Plotly``) on the live chart's page alone, in a fresh
+    browser context (its own fetch of plotly.js, as a first visit's chart frame)."""
+    context = browser.new_context()
+    page = context.new_page()
+    page.goto(base + CHART_PAGE)
+    page.wait_for_function("window.Plotly !== undefined", polling=10, timeout=120_000)
+    ready = page.evaluate("performance.now()") / 1000
+    context.close()
+    return ready
+
+
 def breakdown(browser: Browser, url: str, label: str, repeats: int) -> None:
     """The median end of each first-paint phase over ``repeats`` fresh visits to ``url``."""
     samples = [overview_phases(browser, url) for _ in range(repeats)]
@@ -269,6 +284,13 @@ def sample_logs(
         if phases:
             for name, base in bases.items():
                 breakdown(browser, f"{base}?runs=token-ppo", f"sample_logs, one run {tag}{name}", repeats)
+        if len(bases) > 1:  # the chart's page alone: its plotly.js path, with less of the rest's noise
+            ready: dict[str, list[float]] = {name: [] for name in bases}
+            for _ in range(3 * repeats):
+                for name, base in bases.items():
+                    ready[name].append(chart_page_ready(browser, base))
+            for name, samples in ready.items():
+                print(f"{f'the chart page alone → plotly.js run{name}':<62} {median(samples)}", flush=True)
         every = "&".join(f"runs={r}" for r in ("so-ppo", "token-ppo", "grpo", "ppo-auto-ctn", "so-grpo"))
         for what, query in (("one run (token-ppo)", "runs=token-ppo"), ("five runs overlaid", every)):
             values: dict[str, list[float]] = {name: [] for name in bases}
