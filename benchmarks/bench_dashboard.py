@@ -50,6 +50,8 @@ if str(ROOT) not in sys.path:
 
 from sorl_monitor import Monitor  # noqa: E402
 from sorl_monitor.dashboard.live_chart import BUNDLE_ENV  # noqa: E402
+from sorl_monitor.live import LiveRuns  # noqa: E402
+from sorl_monitor.run_list import VerdictList  # noqa: E402
 from tests.dashboard.fleet_runs import make_fleet  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
@@ -301,7 +303,7 @@ def sample_logs(
                 print(f"{f'sample_logs, {what} {tag}{name}':<62} {median(samples)}", flush=True)
 
 
-def fleet(browser: Browser, scratch: Path, runs: int, repeats: int) -> None:
+def fleet(browser: Browser, scratch: Path, runs: int, repeats: int, server_cost: bool = False) -> None:
     """Navigation → drawn overview on a folder of ``runs`` runs holding ``sorl fleet``'s verdict table (the
     sample runs replicated by hard links, ``tests.dashboard.fleet_runs``): a bare address, which opens on
     the most urgent run; the run list comes from the table, and only that run is opened."""
@@ -309,6 +311,8 @@ def fleet(browser: Browser, scratch: Path, runs: int, repeats: int) -> None:
     root = make_fleet(scratch / "fleet", runs)
     print(f"{runs:,} runs made (hard links) and their verdict table (sorl fleet over the samples) in "
           f"{time.perf_counter() - started:.0f} s", flush=True)  # fmt: skip
+    if server_cost:
+        fleet_server_cost(root)
     with dashboard(root, scratch / "fleet.log") as base:
         first = time_to_overview(browser, base)
         print(f"{f'{runs:,} runs, first viewer after the server started':<62} {first:.2f} s", flush=True)
@@ -316,6 +320,36 @@ def fleet(browser: Browser, scratch: Path, runs: int, repeats: int) -> None:
             f"{runs:,} runs, a bare address (the most urgent run)",
             lambda: time_to_overview(browser, base),
             repeats,
+        )
+
+
+def fleet_server_cost(root: Path) -> None:
+    """What the server reads before a first page of the fleet at ``root``: the run list from the verdict table
+    and the one run opened, against every run opened (``LiveRuns.refresh``) and listed (``run_infos``: the
+    collapse label of each), as without a verdict table. Seconds of wall time, in this process."""
+    started = time.perf_counter()
+    listed = VerdictList(root)
+    listed.refresh()
+    print(
+        f"{f'{len(listed.runs):,} runs, the list from the verdict table':<62} {time.perf_counter() - started:.2f} s"
+    )
+    started = time.perf_counter()
+    with contextlib.closing(LiveRuns(root, run_paths=[listed.runs[0].path])) as live:
+        live.refresh()
+        live.run_infos()
+    print(
+        f"{'  + the most urgent run opened (LiveRuns run_paths)':<62} {time.perf_counter() - started:.2f} s"
+    )
+    started = time.perf_counter()
+    with contextlib.closing(LiveRuns(root)) as live:
+        live.refresh()
+        print(
+            f"{'without the table: every run opened (LiveRuns.refresh)':<62} {time.perf_counter() - started:.1f} s"
+        )
+        started = time.perf_counter()
+        live.run_infos()
+        print(
+            f"{'  + every run listed (run_infos: collapse label of each)':<62} {time.perf_counter() - started:.1f} s"
         )
 
 
@@ -376,6 +410,11 @@ def main() -> None:
     parser.add_argument(
         "--fleet-runs", type=int, default=0, help="also a folder of this many runs with a verdict table"
     )
+    parser.add_argument(
+        "--fleet-server-cost",
+        action="store_true",
+        help="with --fleet-runs: the server's reads, with and without the table (minutes)",
+    )
     parser.add_argument("--hogs", type=int, default=0, help="busy processes (one core each) while measuring")
     args = parser.parse_args()
     if not Path(CHROMIUM).exists():
@@ -391,7 +430,7 @@ def main() -> None:
             for bundle in args.bundles.split(","):
                 sample_logs(browser, Path(scratch), args.repeats, bundle.strip(), args.phases, args.baseline)
         if args.fleet_runs:
-            fleet(browser, Path(scratch), args.fleet_runs, args.repeats)
+            fleet(browser, Path(scratch), args.fleet_runs, args.repeats, args.fleet_server_cost)
         if not args.skip_live_run:
             live_run(browser, Path(scratch), args.turn_rows, args.repeats, args.refreshes)
         browser.close()
