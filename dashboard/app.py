@@ -11,16 +11,16 @@ import streamlit as st
 
 from sorl_monitor.dashboard import (
     alerts_view,
-    common,
     fleet_view,
     gradients_view,
     links,
     overview_view,
     sql_view,
     turns_view,
+    view_parts,
 )
-from sorl_monitor.dashboard.settings import LOG_DIR_ENV
-from sorl_monitor.dashboard.settings import settings as read_settings
+from sorl_monitor.dashboard.launch_settings import LOG_DIR_ENV
+from sorl_monitor.dashboard.launch_settings import settings as read_settings
 from sorl_monitor.figures.overview import OverviewOptions
 from sorl_monitor.figures.panels import OVERVIEW_PANELS
 from sorl_monitor.figures.series import X_AXES
@@ -57,30 +57,31 @@ with st.sidebar:
 def open_live(run_paths: tuple[str, ...] = ()) -> LiveRuns:
     """The shared ``LiveRuns`` of the log folder (of only ``run_paths`` when given), refreshed."""
     try:
-        live = common.live_runs(
+        live = view_parts.live_runs(
             str(settings.log_dir), settings.detector_config, settings.detector_overrides, settings.log_format,
             settings.log_map, settings.logging_steps, run_paths,
         )  # fmt: skip
     except ValueError as error:
         st.error(f"Bad detector settings: {error}")
         st.stop()
-    with common.shown_errors("reading the log folder"):
+    with view_parts.shown_errors("reading the log folder"):
         live.refresh()
     return live
 
 
-fleet = common.verdict_list(str(settings.log_dir)) if VerdictList.present(settings.log_dir) else None
+has_verdicts = settings.log_dir is not None and VerdictList.present(settings.log_dir)
+fleet = view_parts.verdict_list(str(settings.log_dir)) if has_verdicts else None
 if fleet is None:  # every run of the folder is opened: its run list, the first page's run
     live = open_live()
     if live.problem or not live.run_ids():
-        common.live_fragment(
-            common.refresh_interval(True, settings), overview_view.wait_for_runs, live, live.problem
+        view_parts.live_fragment(
+            view_parts.refresh_interval(True, settings), overview_view.wait_for_runs, live, live.problem
         )
         st.stop()
     run_ids = live.run_ids()
     first_runs = overview_view.most_urgent(live.run_infos())
 else:  # a fleet: the run list comes from its verdict table, and only the runs picked are opened
-    with common.shown_errors("reading the verdict table"):
+    with view_parts.shown_errors("reading the verdict table"):
         fleet.refresh()
     run_ids = [run.run_id for run in fleet.runs]
     if not run_ids:
@@ -136,9 +137,11 @@ with st.sidebar:
             )),
         )  # fmt: skip
     if fleet is None:
-        common.live_fragment(RUN_LIST_REFRESH_S if live_on else None, overview_view.run_status, live, run_ids)
+        view_parts.live_fragment(
+            RUN_LIST_REFRESH_S if live_on else None, overview_view.run_status, live, run_ids
+        )
     else:
-        common.live_fragment(
+        view_parts.live_fragment(
             RUN_LIST_REFRESH_S if live_on else None, fleet_view.run_list, fleet, filtered, run_ids
         )
 
@@ -174,5 +177,5 @@ keep_in_link(next(name for tab, name in zip(tabs, VIEWS, strict=True) if tab.ope
 for tab, (name, render) in zip(tabs, VIEWS.items(), strict=True):
     with tab:
         if tab.open:
-            with common.shown_errors(f"the {name} view"):
-                render(live, selected, common.refresh_interval(live_on, settings), options)
+            with view_parts.shown_errors(f"the {name} view"):
+                render(live, selected, view_parts.refresh_interval(live_on, settings), options)

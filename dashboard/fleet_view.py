@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import streamlit as st
 
-from sorl_monitor.dashboard import common
+from sorl_monitor.dashboard import view_parts
 from sorl_monitor.dashboard.verdict_line import ALARMING, colored_status, status_words
 from sorl_monitor.run_list import UNJUDGED, ListedRun, VerdictList, filter_runs, status_counts
 
@@ -40,7 +40,7 @@ def filters(runs: Sequence[ListedRun]) -> list[ListedRun]:
 def run_list(verdicts: VerdictList, shown: list[str], known: list[str]) -> None:
     """The first ``SHOWN`` runs of the filtered list, most urgent first, and what the table is; reruns the
     page when the table (or the run folders beside it) changed."""
-    with common.shown_errors("the run list"):
+    with view_parts.shown_errors("the run list"):
         verdicts.refresh()
         if [run.run_id for run in verdicts.runs] != known:
             st.rerun()
