@@ -52,7 +52,7 @@ from sorl_monitor import Monitor  # noqa: E402
 from sorl_monitor.dashboard.live_chart import BUNDLE_ENV  # noqa: E402
 from sorl_monitor.live import LiveRuns  # noqa: E402
 from sorl_monitor.run_list import VerdictList  # noqa: E402
-from tests.dashboard.fleet_runs import make_fleet  # noqa: E402
+from tests.helpers.fleet_runs import make_fleet  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 CHART = ".st-key-overview iframe"
@@ -305,7 +305,7 @@ def sample_logs(
 
 def fleet(browser: Browser, scratch: Path, runs: int, repeats: int, server_cost: bool = False) -> None:
     """Navigation → drawn overview on a folder of ``runs`` runs holding ``sorl fleet``'s verdict table (the
-    sample runs replicated by hard links, ``tests.dashboard.fleet_runs``): a bare address, which opens on
+    sample runs replicated by hard links, ``tests.helpers.fleet_runs``): a bare address, which opens on
     the most urgent run; the run list comes from the table, and only that run is opened."""
     started = time.perf_counter()
     root = make_fleet(scratch / "fleet", runs)

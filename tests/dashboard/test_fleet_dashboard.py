@@ -1,6 +1,6 @@
 """The dashboard over a fleet of 2,000 runs (issue 30, item 4): the run list comes from the verdict table of
 ``sorl fleet``, sorted most urgent first and filtered by status and a search, and only the runs picked are
-opened. The runs are the real sample runs, replicated by hard links (``fleet_runs``); the verdicts are the
+opened. The runs are the real sample runs, replicated by hard links (``tests.helpers.fleet_runs``); the verdicts are the
 real ``sorl fleet``'s. What is asserted is what was opened, not how long it took.
 """
 
@@ -14,9 +14,9 @@ import pytest
 
 import sorl_monitor.live
 from sorl_monitor.verdict_table import read_verdicts
-from tests.dashboard.conftest import assert_clean, charts, open_app, page_text
-from tests.dashboard.fleet_runs import make_fleet, sample_runs
-from tests.dashboard.test_live_browser import ARGS, CHROMIUM, drawn_chart, start_dashboard, stop
+from tests.helpers.browser import ARGS, CHROMIUM, drawn_chart, start_dashboard, stop
+from tests.helpers.dashboard_app import assert_clean, charts, open_app, page_text
+from tests.helpers.fleet_runs import make_fleet, sample_runs
 
 RUNS = 2_000
 SAMPLES = {run.name for run in sample_runs()}
