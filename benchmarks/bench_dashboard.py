@@ -48,11 +48,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from fleet_runs import make_fleet  # noqa: E402  (benchmarks/fleet_runs.py, beside this script)
+
 from sorl_monitor import Monitor  # noqa: E402
 from sorl_monitor.dashboard.live_chart import BUNDLE_ENV  # noqa: E402
 from sorl_monitor.live import LiveRuns  # noqa: E402
 from sorl_monitor.run_list import VerdictList  # noqa: E402
-from tests.helpers.fleet_runs import make_fleet  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 CHART = ".st-key-overview iframe"
@@ -305,7 +306,7 @@ def sample_logs(
 
 def fleet(browser: Browser, scratch: Path, runs: int, repeats: int, server_cost: bool = False) -> None:
     """Navigation → drawn overview on a folder of ``runs`` runs holding ``sorl fleet``'s verdict table (the
-    sample runs replicated by hard links, ``tests.helpers.fleet_runs``): a bare address, which opens on
+    sample runs replicated by hard links, ``benchmarks/fleet_runs.py``): a bare address, which opens on
     the most urgent run; the run list comes from the table, and only that run is opened."""
     started = time.perf_counter()
     root = make_fleet(scratch / "fleet", runs)
