@@ -32,7 +32,9 @@ from __future__ import annotations
 import argparse
 import collections
 import copy
+import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -122,8 +124,25 @@ def stale_trainer_class() -> type:
     return StaleSamplerGRPOTrainer
 
 
+def run_config(variant: str, seed: int, steps: int, assignments: list[str]) -> dict[str, Any]:
+    """What a run's ``run.json`` stores as its config: the variant, the trainer and the ``TrainConfig``."""
+    from sorl_monitor.trainer.config import TrainConfig, with_settings
+
+    cfg = with_settings(TrainConfig(seed=seed, iterations=steps), assignments)
+    return json.loads(json.dumps({"variant": variant, "trainer": "trl", **cfg.to_dict()}))
+
+
+def finished(run_dir: Path, config: dict[str, Any]) -> bool:
+    """Whether ``run_dir`` holds a finished run trained with ``config`` (then it is read back, not retrained)."""
+    try:
+        info = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return info.get("status") == "finished" and info.get("config") == config
+
+
 def train_one(variant: str, seed: int, steps: int, assignments: list[str], log_dir: Path) -> Path:
-    """Train one run through TRL; return its run folder."""
+    """Train one run through TRL (or find it finished under ``log_dir``); return its run folder."""
     from datasets import Dataset
     from transformers import PrinterCallback
 
@@ -134,6 +153,11 @@ def train_one(variant: str, seed: int, steps: int, assignments: list[str], log_d
     from sorl_monitor.trainer.policy import PolicyWithValue
     from sorl_monitor.trainer.warmstart import cached_warm_start, warm_start
 
+    name = f"{variant.replace('+', '-')}-s{seed}"
+    run_dir = log_dir / name
+    if finished(run_dir, run_config(variant, seed, steps, assignments)):
+        return run_dir
+    shutil.rmtree(run_dir, ignore_errors=True)  # an unfinished or differently-set run is trained again
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     loss_type, ctn = parse_variant(variant)
     cfg = with_settings(TrainConfig(seed=seed, iterations=steps), assignments)
@@ -153,11 +177,13 @@ def train_one(variant: str, seed: int, steps: int, assignments: list[str], log_d
     model = policy.lm
     model.config.pad_token_id, model.config.eos_token_id = env.vocab.pad, env.vocab.eos
     model.config.bos_token_id = env.vocab.bos
-    questions = env.sample_questions(steps * cfg.episodes // cfg.group_size, torch.Generator().manual_seed(seed))
+    questions = env.sample_questions(
+        steps * cfg.episodes // cfg.group_size, torch.Generator().manual_seed(seed)
+    )
     data = Dataset.from_dict({"prompt": [env.vocab.decode(ids) for ids in questions.prompts]})
-    rollout = StaleRollout(env, copy.deepcopy(policy).requires_grad_(False), cfg.staleness, cfg.temperature, seed)
-    name = f"{variant.replace('+', '-')}-s{seed}"
-    run_dir = log_dir / name
+    rollout = StaleRollout(
+        env, copy.deepcopy(policy).requires_grad_(False), cfg.staleness, cfg.temperature, seed
+    )
     args = SORLGRPOConfig(
         output_dir=str(log_dir / ".trl" / name), max_steps=steps * cfg.epochs * cfg.minibatches,
         per_device_train_batch_size=cfg.episodes // cfg.minibatches, steps_per_generation=cfg.minibatches,
@@ -167,7 +193,7 @@ def train_one(variant: str, seed: int, steps: int, assignments: list[str], log_d
         loss_type=loss_type, ctn=ctn, seed=seed, data_seed=seed, use_cpu=True, report_to=[], save_strategy="no",
         logging_steps=cfg.epochs * cfg.minibatches, disable_tqdm=True, dataloader_num_workers=0,
     )  # fmt: skip
-    monitor = Monitor(log_dir, name, config={"variant": variant, "trainer": "trl", **cfg.to_dict()},
+    monitor = Monitor(log_dir, name, config=run_config(variant, seed, steps, assignments),
                       algorithm=loss_type, seed=seed, clip_eps=cfg.clip_eps, clip_eps_high=cfg.clip_eps)  # fmt: skip
     trainer = stale_trainer_class()(
         model=model, reward_funcs=env_reward, args=args, train_dataset=data,
@@ -205,7 +231,9 @@ def main(argv: list[str] | None = None) -> int:
         for variant in opts.variants:
             loss, ctn = parse_variant(variant)
             if loss not in ("grpo", "bnpo", "dr_grpo", "dapo", "so_grpo") or ctn not in ("off", "on", "auto"):
-                raise ValueError(f"bad variant {variant!r}: want loss[+off|on|auto], loss one of grpo, so_grpo, …")
+                raise ValueError(
+                    f"bad variant {variant!r}: want loss[+off|on|auto], loss one of grpo, so_grpo, …"
+                )
         if opts.steps < 1:
             raise ValueError(f"--steps must be at least 1, not {opts.steps}")
     except ValueError as error:
