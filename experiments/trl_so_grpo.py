@@ -73,8 +73,7 @@ def task_questions(env: Any, prompts: list[str]) -> Any:
 class StaleRollout:
     """TRL's ``rollout_func``: play the search task with the learner as it was ``staleness`` batches ago.
 
-    Returns per episode the prompt ids, the completion (agent turns and observations up to the last played
-    turn), the sampler's log-probs, ``env_mask`` (1 on agent tokens) and ``env_reward`` (the env's scorer).
+    Returns ``rollout_fields`` of the episodes; keeps each generation batch's mean reward.
     """
 
     def __init__(self, env: Any, behaviour: Any, staleness: int, temperature: float, seed: int) -> None:
@@ -84,7 +83,6 @@ class StaleRollout:
         self.iteration_rewards: list[float] = []
 
     def __call__(self, prompts: list[str], trainer: Any) -> dict[str, Any]:
-        from sorl_monitor.trainer.env import TURN_LEN
         from sorl_monitor.trainer.rollout import collect
 
         self.history.append(copy.deepcopy(trainer.model.state_dict()))
@@ -92,16 +90,26 @@ class StaleRollout:
         questions = task_questions(self.env, prompts)
         episodes = collect(self.env, self.behaviour, questions, self.temperature, self.generator)
         self.iteration_rewards.append(float(episodes.rewards.mean()))
-        p = self.env.prompt_len
-        out: dict[str, Any] = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": []}
-        for i in range(len(prompts)):
-            end = self.env.turn_start(int(episodes.n_turns[i]) - 1) + TURN_LEN
-            out["prompt_ids"].append(episodes.tokens[i, :p].tolist())
-            out["completion_ids"].append(episodes.tokens[i, p:end].tolist())
-            out["logprobs"].append(episodes.logp[i, p:end].tolist())
-            out["env_mask"].append(episodes.mask[i, p:end].tolist())
-        out["env_reward"] = episodes.rewards.tolist()
-        return out
+        return rollout_fields(self.env, episodes)
+
+
+def rollout_fields(env: Any, episodes: Any) -> dict[str, Any]:
+    """What TRL's ``rollout_func`` returns for played ``episodes``: per episode the prompt ids, the completion
+    (agent turns and observations up to the last played turn), the sampler's log-probs (0 without them),
+    ``env_mask`` (1 on agent tokens; TRL's ``tool_mask``) and ``env_reward``."""
+    from sorl_monitor.trainer.env import TURN_LEN
+
+    p = env.prompt_len
+    logp = torch.zeros(episodes.tokens.shape) if episodes.logp is None else episodes.logp
+    out: dict[str, Any] = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": []}
+    for i in range(episodes.tokens.shape[0]):
+        end = env.turn_start(int(episodes.n_turns[i]) - 1) + TURN_LEN
+        out["prompt_ids"].append(episodes.tokens[i, :p].tolist())
+        out["completion_ids"].append(episodes.tokens[i, p:end].tolist())
+        out["logprobs"].append(logp[i, p:end].tolist())
+        out["env_mask"].append(episodes.mask[i, p:end].tolist())
+    out["env_reward"] = episodes.rewards.tolist()
+    return out
 
 
 def env_reward(completions: list[Any], env_reward: list[float], **kwargs: Any) -> list[float]:
@@ -122,6 +130,18 @@ def stale_trainer_class() -> type:
             return output
 
     return StaleSamplerGRPOTrainer
+
+
+def run_name(variant: str, seed: int) -> str:
+    return f"{variant.replace('+', '-')}-s{seed}"
+
+
+def iterations_logged(run_dir: Path) -> int:
+    """Generation batches with at least one logged update (a run stopped early has fewer than ``--steps``)."""
+    from sorl_monitor.query import open_runs
+
+    with open_runs(run_dir) as runs:
+        return int(runs.sql("SELECT count(DISTINCT iteration) AS n FROM steps").to_pylist()[0]["n"])
 
 
 def run_config(variant: str, seed: int, steps: int, assignments: list[str]) -> dict[str, Any]:
@@ -153,7 +173,7 @@ def train_one(variant: str, seed: int, steps: int, assignments: list[str], log_d
     from sorl_monitor.trainer.policy import PolicyWithValue
     from sorl_monitor.trainer.warmstart import cached_warm_start, warm_start
 
-    name = f"{variant.replace('+', '-')}-s{seed}"
+    name = run_name(variant, seed)
     run_dir = log_dir / name
     if finished(run_dir, run_config(variant, seed, steps, assignments)):
         return run_dir
@@ -204,6 +224,9 @@ def train_one(variant: str, seed: int, steps: int, assignments: list[str], log_d
     try:
         trainer.train()
         status = "finished"
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
     finally:
         rewards = rollout.iteration_rewards
         tail = rewards[-5:]
@@ -221,6 +244,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", nargs="*", default=[], dest="assignments", help="TrainConfig field=value")
     parser.add_argument("--log-dir", default="runs/trl_so_grpo")
     parser.add_argument("--markdown", help="write the table as Markdown to this file")
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="train nothing: the table of the runs under --log-dir as they are",
+    )
     opts = parser.parse_args(argv)
     from collapse_sweep import measure, table
 
@@ -244,13 +272,20 @@ def main(argv: list[str] | None = None) -> int:
     for seed in opts.seeds:
         for variant in opts.variants:
             started = time.perf_counter()
-            run_dir = train_one(variant, seed, opts.steps, opts.assignments, log_dir)
+            if opts.report_only:
+                run_dir = log_dir / run_name(variant, seed)
+                if not (run_dir / "run.json").is_file():
+                    continue
+            else:
+                run_dir = train_one(variant, seed, opts.steps, opts.assignments, log_dir)
             row = measure(run_dir, variant, "trl", seed, time.perf_counter() - started)
+            row["iterations"] = iterations_logged(run_dir)
             row["coef_max"] = float("nan") if row["coef_max"] is None else row["coef_max"]  # no CTN column
             rows.append(row)
             state = f"COLLAPSED at {row['collapse_step']}" if row["collapsed"] else "stable"
             print(f"{variant:>14} seed {seed:>3}: {state:<18} final {row['final']:.2f} peak {row['peak']:.2f} "
-                  f"hold {row['hold']:.2f} clip max {row['clip_max']:.2f} ({row['seconds']:.0f} s)", flush=True)  # fmt: skip
+                  f"hold {row['hold']:.2f} clip max {row['clip_max']:.2f} "
+                  f"({row['iterations']} batches, {row['seconds']:.0f} s)", flush=True)  # fmt: skip
     fields = dict(item.split("=", 1) for item in opts.assignments)
     lines = table(rows, opts.variants, "trl", fields)
     print("\n".join(lines))
