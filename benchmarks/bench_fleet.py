@@ -106,7 +106,7 @@ def main() -> None:
 
 
 def judge_in_s3(work: Path, args: argparse.Namespace) -> None:
-    from tests.storage.conftest import start_server  # the tests' SeaweedFS launcher
+    from sorl_monitor.local_s3 import start_server  # a local SeaweedFS
 
     server = start_server(work / "weed")
     try:

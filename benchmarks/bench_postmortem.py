@@ -2,9 +2,8 @@
 
     python benchmarks/bench_postmortem.py [--run RUN_DIR] [--repeats 3]
 
-The source is a real run: ``--run``, else the bundled trainer's collapsing sample run when
-``sample_logs/`` has one, else a run of the tiny PPO loop (``tests/detectors/tiny_pg.py``) trained here
-first. Its parts are copied with the steps shifted (copy ``i`` holds steps ``i·(last+1)…``) into two
+The source is a real run: ``--run``, else the bundled trainer's collapsing sample run in ``sample_logs/``
+(``sample_logs/make_sample_logs.sh`` makes it again). Its parts are copied with the steps shifted (copy ``i`` holds steps ``i·(last+1)…``) into two
 shapes: many updates with sparse turns (2 M steps rows, 10 M turn rows) and few updates with dense turns
 (20 k steps rows, 10 M turn rows; a step's turns copied with shifted sample ids). The copies are real
 rows; the concatenated run is not a real run. DuckDB is pinned to 2 cores (``sched_setaffinity``).
@@ -41,18 +40,18 @@ from sorl_monitor.schema import RUN_FILE, TABLES  # noqa: E402
 SAMPLE_LOGS = ROOT / "sample_logs"
 
 
-def source_run(given: Path | None, scratch: Path) -> tuple[Path, str]:
-    """The run to replicate, and where it came from (for the printout)."""
+def source_run(given: Path | None) -> tuple[Path, str]:
+    """The run to replicate, and where it came from (for the printout); exits 2 when there is none."""
     if given is not None:
         return given, f"given run {given}"
-    if SAMPLE_LOGS.is_dir():
-        collapsing = SAMPLE_LOGS / "token-ppo"
-        if (collapsing / "turns").is_dir():
-            return collapsing, f"bundled trainer sample run {collapsing.name} (it collapses)"
-    from tests.detectors.tiny_pg import train
-
-    run = train(scratch / "source", "tiny-ramped", lr=0.01, lr_end=1.0, epochs=4, iterations=100, batch=128)
-    return run, "tiny PPO loop run trained just now (tests/detectors/tiny_pg.py, lr ramped 0.01→1)"
+    collapsing = SAMPLE_LOGS / "token-ppo"
+    if (collapsing / "turns").is_dir():
+        return collapsing, f"bundled trainer sample run {collapsing.name} (it collapses)"
+    print(
+        "error: no run to replicate: pass --run RUN_DIR, or run sample_logs/make_sample_logs.sh",
+        file=sys.stderr,
+    )
+    sys.exit(2)
 
 
 def read_table(run: Path, table: str) -> pa.Table | None:
@@ -179,7 +178,7 @@ def main() -> None:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     with tempfile.TemporaryDirectory() as scratch_dir:
         scratch = Path(scratch_dir)
-        run, origin = source_run(args.run, scratch)
+        run, origin = source_run(args.run)
         print(
             f"source: {origin}; copies hold real rows, their concatenation is not a real run; cores: {cores}"
         )

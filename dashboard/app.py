@@ -11,15 +11,15 @@ import streamlit as st
 
 from sorl_monitor.dashboard import (
     alerts_view,
-    common,
     gradients_view,
     links,
     overview_view,
     sql_view,
     turns_view,
+    view_parts,
 )
-from sorl_monitor.dashboard.settings import LOG_DIR_ENV
-from sorl_monitor.dashboard.settings import settings as read_settings
+from sorl_monitor.dashboard.launch_settings import LOG_DIR_ENV
+from sorl_monitor.dashboard.launch_settings import settings as read_settings
 from sorl_monitor.figures.overview import OverviewOptions
 from sorl_monitor.figures.panels import OVERVIEW_PANELS
 from sorl_monitor.figures.series import X_AXES
@@ -46,7 +46,7 @@ if settings.log_dir is None:
     )
     st.stop()
 try:
-    live = common.live_runs(
+    live = view_parts.live_runs(
         str(settings.log_dir),
         settings.detector_config,
         settings.detector_overrides,
@@ -63,11 +63,11 @@ with st.sidebar:
     st.caption(f"log folder: `{settings.log_dir}`")
     live_on = st.toggle("live updates", value=True, key="live", help=f"redraw every {settings.refresh_s:g} s")
 
-with common.shown_errors("reading the log folder"):
+with view_parts.shown_errors("reading the log folder"):
     live.refresh()
 if live.problem or not live.run_ids():
-    common.live_fragment(
-        common.refresh_interval(True, settings), overview_view.wait_for_runs, live, live.problem
+    view_parts.live_fragment(
+        view_parts.refresh_interval(True, settings), overview_view.wait_for_runs, live, live.problem
     )
     st.stop()
 
@@ -113,7 +113,7 @@ with st.sidebar:
                 help="detector families whose alert onsets are drawn",
             )),
         )  # fmt: skip
-    common.live_fragment(RUN_LIST_REFRESH_S if live_on else None, overview_view.run_status, live, run_ids)
+    view_parts.live_fragment(RUN_LIST_REFRESH_S if live_on else None, overview_view.run_status, live, run_ids)
 
 st.session_state["asked-runs"] = [*selected, *pending]
 if pending:
@@ -144,5 +144,5 @@ keep_in_link(next(name for tab, name in zip(tabs, VIEWS, strict=True) if tab.ope
 for tab, (name, render) in zip(tabs, VIEWS.items(), strict=True):
     with tab:
         if tab.open:
-            with common.shown_errors(f"the {name} view"):
-                render(live, selected, common.refresh_interval(live_on, settings), options)
+            with view_parts.shown_errors(f"the {name} view"):
+                render(live, selected, view_parts.refresh_interval(live_on, settings), options)

@@ -364,7 +364,7 @@ CAUSES: dict[str, tuple[str, str]] = {
     "granularity_mismatch": (
         "granularity mismatch: token-level importance ratios are far wider than the turn-level ratios "
         "the multi-turn reward is assigned at, so token-level clipping and IS variance explode",
-        "Use turn-level importance sampling (Turn-PPO / SO-PPO: w̄_k = mean of the turn's token ratios) "
+        "Use turn-level importance sampling (Turn-PPO / SO-PPO: one ratio w̄_k per turn, a mean of its token ratios) "
         "and turn on Clipping-Triggered Normalization (CTN).",
     ),
     "off_policy_variance": (

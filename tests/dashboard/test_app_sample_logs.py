@@ -12,7 +12,7 @@ import pytest
 
 from sorl_monitor.postmortem import label_collapse
 from sorl_monitor.query import open_runs
-from tests.dashboard.conftest import charts, open_app, page_text, wait_for_verdicts
+from tests.helpers.dashboard_app import charts, open_app, page_text, wait_for_verdicts
 
 SAMPLE_LOGS = Path(__file__).resolve().parents[2] / "sample_logs"
 VIEWS = ("Overview", "Turns", "Gradients", "Alerts & verdict")

@@ -1,6 +1,6 @@
 """A training-like process that ends in the way MODE says, for the run-status tests.
 
-python -m tests.reliability.status_child LOG_DIR MODE FLUSH_INTERVAL_S
+python -m tests.helpers.status_child LOG_DIR MODE FLUSH_INTERVAL_S
 
 MODE: ``raise`` (an uncaught exception, no ``close``), ``loop`` (logs until a signal stops it), ``graceful``
 (installs its own SIGTERM handler that asks the loop to stop, then closes), ``fork`` (a forked child exits

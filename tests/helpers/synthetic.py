@@ -20,6 +20,8 @@ import pyarrow as pa
 
 from sorl_monitor import Monitor
 from sorl_monitor.detectors import DetectorConfig, get_detectors
+from sorl_monitor.postmortem import postmortem
+from sorl_monitor.query import open_runs
 
 ONSET = 250
 """Step at which a pattern starts."""
@@ -262,3 +264,10 @@ def write_rows(log_dir: Path, run_name: str, rows: list[dict], algorithm: str = 
                 names=None,
             )  # fmt: skip
     return Path(log_dir) / run_name
+
+
+def verdict_of(tmp_path, rows, algorithm="ppo", config=None):
+    """The post-mortem verdict of SYNTHETIC ``rows`` written as one run."""
+    run = write_rows(tmp_path, rows[0]["run_id"], rows, algorithm)
+    with open_runs(run) as runs:
+        return postmortem(runs, rows[0]["run_id"], config)

@@ -1,6 +1,6 @@
 """A process that streams rows through the real ``Monitor`` until it is killed (used by the crash tests).
 
-python -m tests.stream_rows LOG_DIR RUN_NAME [FLUSH_INTERVAL_S]
+python -m tests.helpers.stream_rows LOG_DIR RUN_NAME [FLUSH_INTERVAL_S]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Train with ``Monitor`` under a file-size limit (RLIMIT_FSIZE): every write past it fails with EFBIG.
 
-python -m tests.reliability.fsize_child LOG_DIR LIMIT_BYTES UPDATES   → prints a JSON summary
+python -m tests.helpers.fsize_child LOG_DIR LIMIT_BYTES UPDATES   → prints a JSON summary
 
 The real failure a full or quota-limited disk gives a writer, without needing root to mount anything.
 """

@@ -1,8 +1,8 @@
 """A training-like process whose last updates' host copies are still in flight when SIGTERM comes.
 
-python -m tests.deferred_child LOG_DIR UPDATES
+python -m tests.helpers.deferred_child LOG_DIR UPDATES
 
-Every copy is held (``tests.deferred_copy.hold``: on the CPU, a stand-in for CUDA events not yet reached),
+Every copy is held (``tests.helpers.deferred_copy.hold``: on the CPU, a stand-in for CUDA events not yet reached),
 so none of the UPDATES synthetic updates has a row assembled; then ``LOG_DIR/ready`` appears and the process
 sleeps until a signal ends it.
 """
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from sorl_monitor import Monitor
-from tests.deferred_copy import hold, small_model, synthetic_update
+from tests.helpers.deferred_copy import hold, small_model, synthetic_update
 
 
 def main() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -61,3 +62,18 @@ class TokenSequences(torch.utils.data.Dataset):
             3, 3 + len(CHARACTERS), (self.length,), generator=torch.Generator().manual_seed(i)
         )
         return {"input_ids": ids, "labels": ids}
+
+
+class NanAfterTwoSteps(torch.nn.Module):
+    """A model whose loss turns NaN from its third forward pass on (as a diverging run's does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(64, 8)
+        self.head = torch.nn.Linear(8, 1)
+        self.calls = 0
+
+    def forward(self, input_ids, labels=None):
+        self.calls += 1
+        loss = self.head(self.embed(input_ids)).pow(2).mean()
+        return {"loss": loss * math.nan if self.calls > 2 else loss}

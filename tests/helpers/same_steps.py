@@ -1,4 +1,4 @@
-"""Shared pieces of the log-reader tests: the same metrics logged through ``Monitor.log_scalars``, compared."""
+"""The same metrics logged through ``Monitor.log_scalars`` and read by a log reader, compared step by step."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from sorl_monitor import Monitor
-from sorl_monitor.integrations.names import guess_family, map_metrics
 from sorl_monitor.logs import ForeignRun
+from sorl_monitor.names import guess_family, map_metrics
 from sorl_monitor.query import open_runs
 
 SKIPPED = {"run_id", "rank", "step", "wall_time"}

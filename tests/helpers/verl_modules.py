@@ -13,7 +13,7 @@ import types
 
 import pytest
 
-from tests.integrations.verl_reference import compute_policy_loss_vanilla
+from tests.helpers.verl_reference import compute_policy_loss_vanilla
 
 
 def _core_algos() -> types.ModuleType:

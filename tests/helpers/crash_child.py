@@ -1,6 +1,6 @@
 """A training-like process that streams updates (with multi-turn rows) through ``Monitor`` until killed.
 
-python -m tests.reliability.crash_child LOG_DIR RUN FLUSH_INTERVAL_S PROGRESS_FILE [FLUSH_ROWS]
+python -m tests.helpers.crash_child LOG_DIR RUN FLUSH_INTERVAL_S PROGRESS_FILE [FLUSH_ROWS]
 
 After each ``log_update`` it stores ``(step, time)`` in PROGRESS_FILE through a shared memory map, so
 the parent knows what was logged when it SIGKILLs this process (a map outlives the process's death).

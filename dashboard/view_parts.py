@@ -13,8 +13,8 @@ import plotly.graph_objects as go
 import pyarrow as pa
 import streamlit as st
 
+from sorl_monitor.dashboard.launch_settings import Settings
 from sorl_monitor.dashboard.live_chart import live_chart
-from sorl_monitor.dashboard.settings import Settings
 from sorl_monitor.live import LiveRuns
 from sorl_monitor.logs import LogOptions
 from sorl_monitor.logs.options import config_tables

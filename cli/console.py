@@ -1,4 +1,4 @@
-"""Shared pieces of the ``sorl`` front-end: one-line errors instead of tracebacks, table output."""
+"""What the ``sorl`` front-end prints and how it fails: one-line errors, tables, the shared options."""
 
 from __future__ import annotations
 

@@ -1,13 +1,13 @@
 """A small real PPO loop with the live CTN guard, logged through the real ``Monitor``: runs for the dashboard.
 
-Not the bundled trainer: the tiny multi-turn task of ``tests.detectors.tiny_pg`` (3 turns of 3 policy
+Not the bundled trainer: the tiny multi-turn task of ``tests.helpers.tiny_pg`` (3 turns of 3 policy
 tokens, an environment token between turns), token-level PPO with ``epochs × minibatches`` reuse and a
 learning rate ramped up until the policy drifts off. The guard (``CtnGuard``) runs over
 ``Monitor.recent_steps()`` after every rollout's updates; when it trips, CTN adds ``λ · clip_frac · KL_k3`` to
 the loss, and every switch is an ``alerts`` row of kind ``action``; the detectors' new firings are
 logged as ``alert`` rows, as a trainer's guard loop would.
 
-    python -m tests.dashboard.ppo_loop LOG_DIR --run-name live --iterations 400 --pause 0.2
+    python -m tests.helpers.ppo_loop LOG_DIR --run-name live --iterations 400 --pause 0.2
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 
 from sorl_monitor import CtnGuard, Monitor
 from sorl_monitor.detectors import ArrowDetector
-from tests.detectors.tiny_pg import CLIP_EPS, SEQ, VOCAB, TinyPolicy, policy_positions, rollout
+from tests.helpers.tiny_pg import CLIP_EPS, SEQ, VOCAB, TinyPolicy, policy_positions, rollout
 
 CTN_COEF = 1.0
 
@@ -49,7 +49,7 @@ def train(
     guard, detector = CtnGuard(), ArrowDetector()
     ctn_on = False
     config = {"lr": lr, "lr_end": lr_end, "epochs": epochs, "clip_eps": CLIP_EPS, "ctn": "auto",
-              "task": "tests/dashboard/ppo_loop.py"}  # fmt: skip
+              "task": "tests/helpers/ppo_loop.py"}  # fmt: skip
     with Monitor(
         log_dir, run_name, config, algorithm="ppo", seed=seed, clip_eps=CLIP_EPS, flush_interval_s=0.2
     ) as mon:

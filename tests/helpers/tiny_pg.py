@@ -12,8 +12,8 @@ to the episode's tokens. Loss: token-level PPO clip, ``epochs`` × ``minibatches
 A high learning rate with much reuse pushes it into a real collapse (a deterministic wrong policy, zero
 reward variance, no gradient left); a low one learns stably.
 
-    python -m tests.detectors.tiny_pg OUT_DIR --lr 0.01 --lr-end 1.0 --epochs 4 --iterations 100
-    python -m tests.detectors.tiny_pg OUT_DIR --sweep 3 --iterations 100     # the SWEEP grid, 3 seeds
+    python -m tests.helpers.tiny_pg OUT_DIR --lr 0.01 --lr-end 1.0 --epochs 4 --iterations 100
+    python -m tests.helpers.tiny_pg OUT_DIR --sweep 3 --iterations 100     # the SWEEP grid, 3 seeds
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def _train(
     target = torch.randint(0, VOCAB, (QUERIES, TURNS, TURN_LEN), generator=g)
     positions = policy_positions()
     config = {"lr": lr, "lr_end": lr_end, "epochs": epochs, "minibatches": minibatches, "iterations": iterations,
-              "batch": batch, "task": "tiny_pg (tests/detectors/tiny_pg.py)"}  # fmt: skip
+              "batch": batch, "task": "tiny_pg (tests/helpers/tiny_pg.py)"}  # fmt: skip
     with Monitor(log_dir, run_name, config, algorithm="ppo", seed=seed, clip_eps=CLIP_EPS) as mon:
         mon.watch(policy)
         step = 0
