@@ -20,11 +20,12 @@ from sorl_monitor.logs import LogOptions
 from sorl_monitor.logs.options import config_tables
 from sorl_monitor.postmortem import load_configs
 from sorl_monitor.query import QueryError
+from sorl_monitor.run_list import VerdictList
 
 logger = logging.getLogger("sorl_monitor.dashboard")
 
 
-@st.cache_resource(show_spinner=False, on_release=LiveRuns.close)
+@st.cache_resource(show_spinner=False, on_release=LiveRuns.close, max_entries=16)
 def live_runs(
     log_dir: str,
     detector_config: str | None,
@@ -32,9 +33,11 @@ def live_runs(
     log_format: str | None = None,
     log_map: tuple[str, ...] = (),
     logging_steps: int | None = None,
+    run_paths: tuple[str, ...] = (),
 ) -> LiveRuns:
-    """One ``LiveRuns`` per log dir and detector settings, shared by every viewer (each part is read once);
-    closed when the cache drops it or the server exits. ``ValueError`` for bad detector settings."""
+    """One ``LiveRuns`` per log dir, detector settings and ``run_paths`` (only those runs opened: a fleet's
+    picked runs; every run when empty), shared by every viewer (each part is read once); closed when the
+    cache drops it (more than 16 kept) or the server exits. ``ValueError`` for bad detector settings."""
     detectors, postmortem_config = load_configs(detector_config, detector_overrides)
     options = LogOptions.build(log_map, logging_steps, config_tables(detector_config))
     return LiveRuns(
@@ -43,10 +46,17 @@ def live_runs(
         postmortem_config=postmortem_config,
         fmt=log_format,
         log_options=options,
+        run_paths=run_paths,
     )
 
 
 atexit.register(live_runs.clear)
+
+
+@st.cache_resource(show_spinner=False)
+def verdict_list(log_dir: str) -> VerdictList:
+    """The run list of a folder holding ``sorl fleet``'s verdict table, shared by every viewer."""
+    return VerdictList(log_dir)
 
 
 @contextmanager

@@ -29,7 +29,7 @@ import shutil
 import tempfile
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -56,6 +56,7 @@ from sorl_monitor.verdict_table import verdict_table
 from sorl_monitor.views import (
     FOREIGN_STEPS,
     READ_PARTS_SQL,
+    SharedDatabase,
     Views,
     check_read_only,
     default_memory_limit,
@@ -75,6 +76,7 @@ __all__ = [
     "PartsRead",
     "QueryError",
     "RunSet",
+    "SharedDatabase",
     "SkippedPart",
     "check_read_only",
     "default_memory_limit",
@@ -142,7 +144,15 @@ class RunSet:
         threads: int | None = None,
         storage_options: dict[str, str] | None = None,
         log_options: LogOptions | None = None,
+        tables: Sequence[str] = TABLES,
+        materialize: Collection[str] = (),
+        database: SharedDatabase | None = None,
+        interruptible: bool = True,
     ) -> None:
+        if unknown := [t for t in (*tables, *materialize) if t not in TABLES]:
+            raise QueryError(f"unknown table {unknown[0]!r}: one of {', '.join(TABLES)}")
+        self._shown = tuple(tables)
+        """The tables with a view (``runs`` and ``verdicts`` always have one)."""
         self.catalog = RunCatalog(paths, fmt, storage_options=storage_options, log_options=log_options)
         self._lock = threading.RLock()
         self._scratch = tempfile.mkdtemp(prefix="sorl-query-")
@@ -153,12 +163,19 @@ class RunSet:
                 memory_limit=memory_limit or default_memory_limit(),
                 scratch=self._scratch,
                 folders=self.catalog.allowed_folders(),
+                materialize=materialize,
+                database=database,
+                interruptible=interruptible,
             )
         except QueryError:
             shutil.rmtree(self._scratch, ignore_errors=True)
             raise
         self._statements = UserStatements(self.views, self._lock, self._scratch)
-        self.refresh()
+        try:
+            self.refresh()
+        except BaseException:
+            self.close()
+            raise
 
     @property
     def roots(self) -> list[Path]:
@@ -204,7 +221,7 @@ class RunSet:
             tables = self.catalog.verdict_tables()
             self.views.store("verdicts", pa.concat_tables(tables) if tables else verdict_table([]))
             foreign = list(self.catalog.foreign.values())
-            for table in TABLES:
+            for table in self._shown:
                 for _attempt in range(3):
                     files = tuple(self.catalog.parts(table))
                     if self.views.shows(table, files) and not (table == "steps" and changed):
@@ -387,12 +404,22 @@ def open_runs(
     threads: int | None = None,
     storage_options: dict[str, str] | None = None,
     log_options: LogOptions | None = None,
+    tables: Sequence[str] = TABLES,
+    materialize: Collection[str] = (),
+    database: SharedDatabase | None = None,
+    interruptible: bool = True,
 ) -> RunSet:
     """Open runs for querying (see ``RunSet``); ``fmt`` forces a log format (``logs.FORMATS``);
     ``memory_limit`` bounds DuckDB's memory (default ``default_memory_limit()``), ``threads`` its threads
     (default one per core); a path may be an object-store URI (``s3://bucket/prefix``, read through a local
     copy; ``storage_options`` as ``storage.filesystem`` takes them); ``log_options``: what the user told the
-    log readers (``logs.options``: ``--map``, ``--logging-steps``)."""
+    log readers (``logs.options``: ``--map``, ``--logging-steps``); ``tables``: the tables to make views
+    of (default all; one left out has none, so a query of it fails rather than reads nothing);
+    ``materialize``: tables read into memory when their parts change rather than by every query (for a
+    reader that queries a table many times between refreshes, as a fleet's post-mortem does); ``database``:
+    a ``SharedDatabase`` to work in instead of a new one (its memory limit and threads then apply);
+    ``interruptible=False``: statements cost ~20 % less CPU, but a Ctrl-C waits for the one running to end
+    (for batch work of short statements; ``views.Views``)."""
     return RunSet(
         paths,
         fmt,
@@ -400,6 +427,10 @@ def open_runs(
         threads=threads,
         storage_options=storage_options,
         log_options=log_options,
+        tables=tables,
+        materialize=materialize,
+        database=database,
+        interruptible=interruptible,
     )
 
 
