@@ -3,6 +3,8 @@ refresh shows a part just written.
 
     python benchmarks/bench_dashboard.py [--turn-rows 1000000] [--repeats 5] [--refreshes 10]
     python benchmarks/bench_dashboard.py --skip-live-run --bundles cartesian,full [--hogs 2]
+    python benchmarks/bench_dashboard.py --skip-live-run --baseline ../main --phases   # before/after, interleaved
+    python benchmarks/bench_dashboard.py --skip-live-run --skip-sample-logs --fleet-runs 2000
 
 ``sorl dashboard`` is started by the real CLI on a free 127.0.0.1 port; each navigation opens a new browser
 context (no cache, no cookies: a viewer's first visit), and the overview counts as drawn once plotly drew
@@ -10,6 +12,11 @@ its chart (the browser's own clocks: the page's navigation start to the chart's 
 done). Measured:
 
 * ``sample_logs/`` (five runs of the bundled trainer, 1,600 updates each since 2026-11-24; 1,280 before), one run and all five overlaid;
+  with ``--phases``, when each phase of a first paint ended (page, Streamlit's scripts, websocket, the chart's
+  frame, plotly.js fetched and run, the figure drawn); with ``--baseline CHECKOUT``, that checkout's dashboard
+  too, visit by visit in turn with this one's (the same load for both);
+* with ``--fleet-runs N``, a folder of N runs (the sample runs replicated) holding ``sorl fleet``'s verdict
+  table: the run list is read from the table and only the most urgent run is opened;
 * a run of ~1 M turn rows written here by the real ``Monitor`` from random batches (64 episodes × 8 turns
   per update; the values are noise, the sizes and the Parquet layout are a real run's), the monitor left
   open so the run is live: the first viewer after the server started (every part read) and later viewers;
@@ -41,8 +48,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from fleet_runs import make_fleet  # noqa: E402  (benchmarks/fleet_runs.py, beside this script)
+
 from sorl_monitor import Monitor  # noqa: E402
 from sorl_monitor.dashboard.live_chart import BUNDLE_ENV  # noqa: E402
+from sorl_monitor.live import LiveRuns  # noqa: E402
+from sorl_monitor.run_list import VerdictList  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 CHART = ".st-key-overview iframe"
@@ -70,15 +81,17 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def dashboard(log_dir: Path, log: Path, refresh_s: float = 0.5) -> Iterator[str]:
-    """``sorl dashboard LOG_DIR`` on a free port while the block runs; its URL."""
+def dashboard(
+    log_dir: Path, log: Path, refresh_s: float = 0.5, checkout: Path = ROOT, python: str = sys.executable
+) -> Iterator[str]:
+    """``sorl dashboard LOG_DIR`` of ``checkout`` (run by ``python``) on a free port while the block runs; its URL."""
     port = free_port()
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(checkout), os.environ.get("PYTHONPATH")])),
     }
     command = [
-        sys.executable,
+        python,
         "-m",
         "sorl_monitor.cli.main",
         "dashboard",
@@ -89,7 +102,7 @@ def dashboard(log_dir: Path, log: Path, refresh_s: float = 0.5) -> Iterator[str]
         str(refresh_s),
     ]
     with log.open("w") as out:
-        server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        server = subprocess.Popen(command, cwd=checkout, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -121,6 +134,83 @@ def time_to_overview(browser: Browser, url: str) -> float:
     elapsed = (drawn - page.evaluate("performance.timeOrigin")) / 1000
     context.close()
     return elapsed
+
+
+PHASES = (
+    ("page shell (HTML received)", "shell"),
+    ("Streamlit's scripts run (DOMContentLoaded)", "dom"),
+    ("first websocket message", "ws_first"),
+    ("figure message received", "ws_spec"),
+    ("chart frame created", "frame"),
+    ("plotly.js fetched", "plotly_fetched"),
+    ("plotly.js parsed and run", "plotly_parsed"),
+    ("figure handed to the chart", "spec"),
+    ("figure drawn", "drawn"),
+)
+"""The phases of a first paint, in the order they usually end (``overview_phases``)."""
+
+
+def overview_phases(browser: Browser, url: str) -> dict[str, float]:
+    """Seconds from navigation start to the end of each phase of ``PHASES`` in a fresh browser context: the
+    page's and the chart frame's performance timelines (the frame's marks ``sorl-plotly-parsed``,
+    ``sorl-spec-received``, ``sorl-chart-drawn``), and the websocket's frames by wall clock (the largest one
+    carries the figure)."""
+    context = browser.new_context(viewport={"width": 1600, "height": 1000})
+    page = context.new_page()
+    frames: list[tuple[float, int]] = []
+    page.on(
+        "websocket",
+        lambda ws: ws.on("framereceived", lambda payload: frames.append((time.time() * 1000, len(payload)))),
+    )
+    page.goto(url)
+    page.frame_locator(CHART).locator(".main-svg").first.wait_for(timeout=120_000)
+    frame = page.locator(CHART).element_handle().content_frame()
+    frame.wait_for_function("performance.getEntriesByName('sorl-chart-drawn').length > 0", timeout=30_000)
+    origin = page.evaluate("performance.timeOrigin")
+    nav = page.evaluate("performance.getEntriesByType('navigation')[0].toJSON()")
+    inner = frame.evaluate(
+        """() => {
+        const at = (name) => (performance.getEntriesByName(name)[0] || {startTime: null});
+        const js = performance.getEntriesByType('resource').find((e) => e.name.includes('plotly.min.js'));
+        return {origin: performance.timeOrigin, plotly_fetched: js ? js.responseEnd : null,
+                plotly_parsed: at('sorl-plotly-parsed').startTime, spec: at('sorl-spec-received').startTime,
+                drawn: at('sorl-chart-drawn').startTime};
+        }"""
+    )
+    context.close()
+    shift = inner["origin"] - origin  # the frame's clock starts when it is created
+    phases = {"shell": nav["responseEnd"], "dom": nav["domContentLoadedEventEnd"], "frame": shift}
+    for name in ("plotly_fetched", "plotly_parsed", "spec", "drawn"):
+        phases[name] = None if inner[name] is None else inner[name] + shift
+    if frames:
+        phases["ws_first"] = frames[0][0] - origin
+        phases["ws_spec"] = max(frames, key=lambda f: f[1])[0] - origin
+    return {name: value / 1000 for name, value in phases.items() if value is not None}
+
+
+CHART_PAGE = "component/sorl_monitor.dashboard.live_chart.live_chart/index.html"
+
+
+def chart_page_ready(browser: Browser, base: str) -> float:
+    """Seconds from navigation to plotly.js run (``window.Plotly``) on the live chart's page alone, in a fresh
+    browser context (its own fetch of plotly.js, as a first visit's chart frame)."""
+    context = browser.new_context()
+    page = context.new_page()
+    page.goto(base + CHART_PAGE)
+    page.wait_for_function("window.Plotly !== undefined", polling=10, timeout=120_000)
+    ready = page.evaluate("performance.now()") / 1000
+    context.close()
+    return ready
+
+
+def breakdown(browser: Browser, url: str, label: str, repeats: int) -> None:
+    """The median end of each first-paint phase over ``repeats`` fresh visits to ``url``."""
+    samples = [overview_phases(browser, url) for _ in range(repeats)]
+    print(f"{label}: phases of a first paint, median end (s) after navigation start, n={repeats}", flush=True)
+    for title, name in PHASES:
+        values = [s[name] for s in samples if name in s]
+        if values:
+            print(f"  {title:<60} {statistics.median(values):.2f}", flush=True)
 
 
 def last_step_drawn(step: int) -> str:
@@ -161,24 +251,106 @@ def measure(label: str, samples: Callable[[], float], repeats: int) -> None:
     print(f"{label:<62} {median(values)}", flush=True)
 
 
-def sample_logs(browser: Browser, scratch: Path, repeats: int, bundle: str = "cartesian") -> None:
+def sample_logs(
+    browser: Browser,
+    scratch: Path,
+    repeats: int,
+    bundle: str = "cartesian",
+    phases: bool = False,
+    baseline: Path | None = None,
+) -> None:
     """Navigation → drawn overview on ``sample_logs/`` with plotly.js ``bundle`` (``cartesian``, the default
-    since 2026-11-26, or ``full``: plotly's whole bundle, as before)."""
+    since 2026-11-26, or ``full``: plotly's whole bundle, as before). With ``baseline`` (another checkout,
+    with its own ``.venv``), its dashboard is measured too, interleaved visit by visit with this one's, so
+    both see the same load."""
     os.environ[BUNDLE_ENV] = bundle
     tag = f"[{bundle} plotly.js]"
-    with dashboard(ROOT / "sample_logs", scratch / f"sample-{bundle}.log") as base:
-        first = time_to_overview(browser, f"{base}?runs=token-ppo")
-        print(f"{'sample_logs, first viewer after the server started ' + tag:<62} {first:.2f} s", flush=True)
+    checkouts = {"": (ROOT, sys.executable)}
+    if baseline is not None:
+        checkouts = {" (this checkout)": checkouts[""], f" (baseline {baseline.name})": (
+            baseline, str(baseline / ".venv" / "bin" / "python"))}  # fmt: skip
+    with contextlib.ExitStack() as stack:
+        bases = {
+            name: stack.enter_context(
+                dashboard(
+                    ROOT / "sample_logs", scratch / f"sample-{bundle}{i}.log", checkout=root, python=python
+                )
+            )
+            for i, (name, (root, python)) in enumerate(checkouts.items())
+        }
+        for name, base in bases.items():
+            first = time_to_overview(browser, f"{base}?runs=token-ppo")
+            print(
+                f"{'sample_logs, first viewer after the server started ' + tag + name:<62} {first:.2f} s",
+                flush=True,
+            )
+        if phases:
+            for name, base in bases.items():
+                breakdown(browser, f"{base}?runs=token-ppo", f"sample_logs, one run {tag}{name}", repeats)
+        if len(bases) > 1:  # the chart's page alone: its plotly.js path, with less of the rest's noise
+            ready: dict[str, list[float]] = {name: [] for name in bases}
+            for _ in range(3 * repeats):
+                for name, base in bases.items():
+                    ready[name].append(chart_page_ready(browser, base))
+            for name, samples in ready.items():
+                print(f"{f'the chart page alone → plotly.js run{name}':<62} {median(samples)}", flush=True)
+        every = "&".join(f"runs={r}" for r in ("so-ppo", "token-ppo", "grpo", "ppo-auto-ctn", "so-grpo"))
+        for what, query in (("one run (token-ppo)", "runs=token-ppo"), ("five runs overlaid", every)):
+            values: dict[str, list[float]] = {name: [] for name in bases}
+            for _ in range(repeats):
+                for name, base in bases.items():
+                    values[name].append(time_to_overview(browser, f"{base}?{query}"))
+            for name, samples in values.items():
+                print(f"{f'sample_logs, {what} {tag}{name}':<62} {median(samples)}", flush=True)
+
+
+def fleet(browser: Browser, scratch: Path, runs: int, repeats: int, server_cost: bool = False) -> None:
+    """Navigation → drawn overview on a folder of ``runs`` runs holding ``sorl fleet``'s verdict table (the
+    sample runs replicated by hard links, ``benchmarks/fleet_runs.py``): a bare address, which opens on
+    the most urgent run; the run list comes from the table, and only that run is opened."""
+    started = time.perf_counter()
+    root = make_fleet(scratch / "fleet", runs)
+    print(f"{runs:,} runs made (hard links) and their verdict table (sorl fleet over the samples) in "
+          f"{time.perf_counter() - started:.0f} s", flush=True)  # fmt: skip
+    if server_cost:
+        fleet_server_cost(root)
+    with dashboard(root, scratch / "fleet.log") as base:
+        first = time_to_overview(browser, base)
+        print(f"{f'{runs:,} runs, first viewer after the server started':<62} {first:.2f} s", flush=True)
         measure(
-            f"sample_logs, one run (token-ppo) {tag}",
-            lambda: time_to_overview(browser, f"{base}?runs=token-ppo"),
+            f"{runs:,} runs, a bare address (the most urgent run)",
+            lambda: time_to_overview(browser, base),
             repeats,
         )
-        every = "&".join(f"runs={r}" for r in ("so-ppo", "token-ppo", "grpo", "ppo-auto-ctn", "so-grpo"))
-        measure(
-            f"sample_logs, five runs overlaid {tag}",
-            lambda: time_to_overview(browser, f"{base}?{every}"),
-            repeats,
+
+
+def fleet_server_cost(root: Path) -> None:
+    """What the server reads before a first page of the fleet at ``root``: the run list from the verdict table
+    and the one run opened, against every run opened (``LiveRuns.refresh``) and listed (``run_infos``: the
+    collapse label of each), as without a verdict table. Seconds of wall time, in this process."""
+    started = time.perf_counter()
+    listed = VerdictList(root)
+    listed.refresh()
+    print(
+        f"{f'{len(listed.runs):,} runs, the list from the verdict table':<62} {time.perf_counter() - started:.2f} s"
+    )
+    started = time.perf_counter()
+    with contextlib.closing(LiveRuns(root, run_paths=[listed.runs[0].path])) as live:
+        live.refresh()
+        live.run_infos()
+    print(
+        f"{'  + the most urgent run opened (LiveRuns run_paths)':<62} {time.perf_counter() - started:.2f} s"
+    )
+    started = time.perf_counter()
+    with contextlib.closing(LiveRuns(root)) as live:
+        live.refresh()
+        print(
+            f"{'without the table: every run opened (LiveRuns.refresh)':<62} {time.perf_counter() - started:.1f} s"
+        )
+        started = time.perf_counter()
+        live.run_infos()
+        print(
+            f"{'  + every run listed (run_infos: collapse label of each)':<62} {time.perf_counter() - started:.1f} s"
         )
 
 
@@ -232,6 +404,18 @@ def main() -> None:
     parser.add_argument("--skip-sample-logs", action="store_true", help="measure only the 1 M-turn-row run")
     parser.add_argument("--skip-live-run", action="store_true", help="measure only sample_logs/")
     parser.add_argument("--bundles", default="cartesian", help="plotly.js bundles to compare: cartesian,full")
+    parser.add_argument("--phases", action="store_true", help="also break a first paint down into phases")
+    parser.add_argument(
+        "--baseline", type=Path, help="another checkout (with its .venv) measured interleaved"
+    )
+    parser.add_argument(
+        "--fleet-runs", type=int, default=0, help="also a folder of this many runs with a verdict table"
+    )
+    parser.add_argument(
+        "--fleet-server-cost",
+        action="store_true",
+        help="with --fleet-runs: the server's reads, with and without the table (minutes)",
+    )
     parser.add_argument("--hogs", type=int, default=0, help="busy processes (one core each) while measuring")
     args = parser.parse_args()
     if not Path(CHROMIUM).exists():
@@ -245,7 +429,9 @@ def main() -> None:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
         if not args.skip_sample_logs:
             for bundle in args.bundles.split(","):
-                sample_logs(browser, Path(scratch), args.repeats, bundle.strip())
+                sample_logs(browser, Path(scratch), args.repeats, bundle.strip(), args.phases, args.baseline)
+        if args.fleet_runs:
+            fleet(browser, Path(scratch), args.fleet_runs, args.repeats, args.fleet_server_cost)
         if not args.skip_live_run:
             live_run(browser, Path(scratch), args.turn_rows, args.repeats, args.refreshes)
         browser.close()

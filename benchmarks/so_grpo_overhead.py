@@ -23,13 +23,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from char_tokenizer import CHARACTERS, SPECIAL, char_tokenizer  # noqa: E402  (benchmarks/char_tokenizer.py)
 from datasets import Dataset  # noqa: E402
 from transformers import Qwen2Config, Qwen2ForCausalLM, TrainerCallback  # noqa: E402
 
 from sorl_monitor import Monitor  # noqa: E402
 from sorl_monitor.integrations.trl_so_grpo import SORLGRPOConfig, SORLGRPOTrainer  # noqa: E402
 from sorl_monitor.objective import ObjectiveSettings, policy_objective  # noqa: E402
-from tests.integrations.tiny import CHARACTERS, SPECIAL, char_tokenizer  # noqa: E402
 
 GENERATIONS, COMPLETION, PASSES = 8, 64, 4
 

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from sorl_monitor.cli.common import (
+from sorl_monitor.cli.console import (
     RUN_PATH_HELP,
     TABLE_ROWS,
     LogFormatOption,

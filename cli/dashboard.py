@@ -2,7 +2,7 @@
 
 Runs ``streamlit run dashboard/app.py`` headless, without usage statistics, with error details kept in
 the server log (the page shows one-line messages). The log folder and settings reach the app through
-the environment (``dashboard.common``).
+the environment (``dashboard.view_parts``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Annotated
 import typer
 
 import sorl_monitor.dashboard as dashboard
-from sorl_monitor.cli.common import (
+from sorl_monitor.cli.console import (
     LogFormatOption,
     LoggingStepsOption,
     MapOption,
@@ -27,7 +27,7 @@ from sorl_monitor.cli.common import (
     require,
     user_errors,
 )
-from sorl_monitor.dashboard.settings import (
+from sorl_monitor.dashboard.launch_settings import (
     CONFIG_ENV,
     DEFAULT_REFRESH_S,
     DEFAULT_SQL_TIMEOUT_S,

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import pyarrow as pa
 import typer
 
-from sorl_monitor.cli.common import (
+from sorl_monitor.cli.console import (
     RUN_PATH_HELP,
     LogFormatOption,
     LoggingStepsOption,

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from sorl_monitor.cli.common import err_console, fail, print_table, user_errors
+from sorl_monitor.cli.console import err_console, fail, print_table, user_errors
 from sorl_monitor.cli.core import output_format
 from sorl_monitor.cli.diagnose import EXIT_COLLAPSE, EXIT_HEALTHY, ConfigOption, SetOption
 from sorl_monitor.fleet import ENGINES, fleet_verdicts

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
-import pyarrow.compute as pc
 import typer
 
 if TYPE_CHECKING:
     from sorl_monitor.monitor import Monitor
 
-from sorl_monitor.cli.common import (
+from sorl_monitor.cli.console import (
     LogFormatOption,
     LoggingStepsOption,
     MapOption,
@@ -26,9 +24,17 @@ from sorl_monitor.cli.common import (
     require,
     user_errors,
 )
-from sorl_monitor.logs import LogFormatError, LogOptions, LogSource, find_logs, fingerprint, read_source
-from sorl_monitor.logs.ingest import LINE_FORMATS, IngestReport, ingest_lines, ingest_run, parse_flat_line
+from sorl_monitor.logs import LogOptions, LogSource, find_logs
+from sorl_monitor.logs.ingest import (
+    LINE_FORMATS,
+    IngestReport,
+    RunProgress,
+    ingest_lines,
+    ingest_whole_log,
+    parse_flat_line,
+)
 from sorl_monitor.logs.row_kinds import file_has_kinds
+from sorl_monitor.logs.table import ForeignRun
 from sorl_monitor.logs.verl import parse_record
 from sorl_monitor.query import QueryError, open_runs
 from sorl_monitor.schema import check_run_id
@@ -138,7 +144,7 @@ def ingest_line_log(
     print_report(report, source.path, log_dir / run_name, after, monitor)
 
 
-def ingest_whole_log(
+def ingest_and_report_whole_log(
     source: LogSource,
     log_dir: Path,
     run: str | None,
@@ -147,63 +153,35 @@ def ingest_whole_log(
     poll: float,
     options: LogOptions | None = None,
 ) -> None:
-    """Read a log whole and write each of its runs; with ``follow``, read it again whenever its files change
-    and write the steps after the last one written. A log that does not read while followed (a
-    ``trainer_state.json`` caught half written) is read again at its next change."""
-    unread: str | None = None  # why the last change of a followed log did not read
-    try:
-        runs = read_source(source, options)
-    except LogFormatError as error:
-        if not follow:
-            raise
-        runs, unread = [], str(error)
-    if run is not None and len(runs) > 1:
-        fail(f"{source.path} holds {len(runs)} runs; --run names one run")
-    written: dict[
-        str, tuple[Monitor, int, int, IngestReport]
-    ] = {}  # monitor, resumed after, last step, report
+    """Read a log whole and write each of its runs (``logs.ingest.ingest_whole_log``; with ``follow``, again
+    whenever its files change), then report what each run got."""
+
+    def open_run(name: str, foreign: ForeignRun) -> tuple[Monitor, int]:
+        after = last_ingested_step(log_dir / name)
+        config = foreign.info.get("config") or {}
+        return open_monitor(log_dir, name, source, config, foreign.info.get("algorithm")), after
+
+    written: dict[str, RunProgress] = {}
     stop = threading.Event()
     previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
-    stamp, idle_since = fingerprint(source), time.monotonic()
     try:
-        while True:
-            for foreign in runs:
-                name = run or foreign.run_id
-                if name not in written:
-                    after = last_ingested_step(log_dir / name)
-                    config = foreign.info.get("config") or {}
-                    monitor = open_monitor(log_dir, name, source, config, foreign.info.get("algorithm"))
-                    written[name] = (monitor, after, after, IngestReport())
-                monitor, after, last, total = written[name]
-                report = ingest_run(foreign, monitor, last)
-                total.rows += report.rows
-                total.already_ingested += report.already_ingested if last == after else 0
-                if report.rows:
-                    last = max(last, pc.max(foreign.steps.column("step")).as_py())
-                written[name] = (monitor, after, last, total)
-            if not follow:
-                break
-            idle_since = time.monotonic()  # idle from the end of this read, not from its start
-            while not stop.is_set():
-                time.sleep(poll)
-                if (now := fingerprint(source)) != stamp:
-                    stamp, idle_since = now, time.monotonic()
-                    try:
-                        runs, unread = read_source(source, options), None
-                    except LogFormatError as error:
-                        unread = str(error)  # half written: read again at its next change
-                        continue
-                    break
-                if idle_timeout is not None and time.monotonic() - idle_since > idle_timeout:
-                    stop.set()
-            if stop.is_set():
-                break
+        unread = ingest_whole_log(
+            source,
+            open_run,
+            written,
+            options=options,
+            run_name=run,
+            follow=follow,
+            idle_timeout_s=idle_timeout,
+            poll_s=poll,
+            stop=stop,
+        )
     finally:
         signal.signal(signal.SIGINT, previous)
-        for monitor, *_ in written.values():
-            monitor.close("ingested")
-    for name, (monitor, after, _last, total) in written.items():
-        print_report(total, source.path, log_dir / name, after, monitor)
+        for progress in written.values():
+            progress.sink.close("ingested")
+    for name, progress in written.items():
+        print_report(progress.report, source.path, log_dir / name, progress.after_step, progress.sink)
     if unread is not None:
         err_console.print(
             f"warning: the last change of {source.path} did not read ({unread}); its steps are not ingested",
@@ -254,4 +232,4 @@ def ingest(
     if streamed and not options.names and not (source.format == "jsonl" and file_has_kinds(source.path)):
         ingest_line_log(source, log_dir, run, follow, idle_timeout, poll)
     else:
-        ingest_whole_log(source, log_dir, run, follow, idle_timeout, poll, options)
+        ingest_and_report_whole_log(source, log_dir, run, follow, idle_timeout, poll, options)

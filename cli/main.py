@@ -10,7 +10,7 @@ import typer
 from sorl_monitor.cli import core, diagnose, fleet, ingest
 from sorl_monitor.cli import dashboard as dashboard_cli
 from sorl_monitor.cli import train as train_cli
-from sorl_monitor.cli.common import fail, show_warning_in_one_line
+from sorl_monitor.cli.console import fail, show_warning_in_one_line
 from sorl_monitor.storage import parse_storage_options, set_default_storage_options
 
 warnings.showwarning = show_warning_in_one_line

@@ -15,7 +15,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from sorl_monitor.cli.common import console, fail, require, user_errors
+from sorl_monitor.cli.console import console, fail, require, user_errors
 
 ALGO_HELP = "ppo | turn_ppo | s_ppo | so_ppo (= st_ppo) | grpo | so_grpo"
 

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import streamlit as st
 
-from sorl_monitor.dashboard import common
+from sorl_monitor.dashboard import view_parts
 from sorl_monitor.dashboard.verdict_line import escape
 from sorl_monitor.figures.overview import OverviewOptions
 from sorl_monitor.live import LiveRuns
@@ -20,13 +20,13 @@ VERDICTS_PER_ROW = 3
 
 
 def render(live: LiveRuns, run_ids: Sequence[str], refresh_s: float | None, options: OverviewOptions) -> None:
-    common.live_fragment(refresh_s, _alerts, live, list(run_ids))
+    view_parts.live_fragment(refresh_s, _alerts, live, list(run_ids))
 
 
 def _alerts(live: LiveRuns, run_ids: list[str]) -> None:
-    with common.shown_errors("the alerts view"):
+    with view_parts.shown_errors("the alerts view"):
         live.refresh()
-        common.show_skipped_parts(live, run_ids)
+        view_parts.show_skipped_parts(live, run_ids)
         _verdicts(live, run_ids)
         _logged(live, run_ids)
 
@@ -34,14 +34,14 @@ def _alerts(live: LiveRuns, run_ids: list[str]) -> None:
 def _verdicts(live: LiveRuns, run_ids: list[str]) -> None:
     """Each run's post-mortem, side by side (at most ``VERDICTS_PER_ROW`` a row)."""
     for run_id in run_ids:
-        note = common.run_notes(live, run_id)
+        note = view_parts.run_notes(live, run_id)
         if note:
             st.info(note)
-    ready = [run_id for run_id in run_ids if common.run_notes(live, run_id) is None]
+    ready = [run_id for run_id in run_ids if view_parts.run_notes(live, run_id) is None]
     for start in range(0, len(ready), VERDICTS_PER_ROW):
         row = ready[start : start + VERDICTS_PER_ROW]
         for column, run_id in zip(st.columns(len(row)), row, strict=True):
-            with column, common.shown_errors(f"the verdict of {run_id}"):
+            with column, view_parts.shown_errors(f"the verdict of {run_id}"):
                 verdict = live.verdict(run_id, wait_s=VERDICT_WAIT_S)
                 if verdict is None:
                     st.info(f"Computing the post-mortem of {run_id} so far; it appears here by itself.")

@@ -11,18 +11,21 @@ import streamlit as st
 
 from sorl_monitor.dashboard import (
     alerts_view,
-    common,
+    fleet_view,
     gradients_view,
     links,
     overview_view,
     sql_view,
     turns_view,
+    view_parts,
 )
-from sorl_monitor.dashboard.settings import LOG_DIR_ENV
-from sorl_monitor.dashboard.settings import settings as read_settings
+from sorl_monitor.dashboard.launch_settings import LOG_DIR_ENV
+from sorl_monitor.dashboard.launch_settings import settings as read_settings
 from sorl_monitor.figures.overview import OverviewOptions
 from sorl_monitor.figures.panels import OVERVIEW_PANELS
 from sorl_monitor.figures.series import X_AXES
+from sorl_monitor.live import LiveRuns
+from sorl_monitor.run_list import VerdictList
 from sorl_monitor.timeline import FAMILY_ORDER
 
 VIEWS = {
@@ -45,35 +48,48 @@ if settings.log_dir is None:
         f"No log folder given. Start the dashboard with `sorl dashboard LOG_DIR` (or set {LOG_DIR_ENV})."
     )
     st.stop()
-try:
-    live = common.live_runs(
-        str(settings.log_dir),
-        settings.detector_config,
-        settings.detector_overrides,
-        settings.log_format,
-        settings.log_map,
-        settings.logging_steps,
-    )
-except ValueError as error:
-    st.error(f"Bad detector settings: {error}")
-    st.stop()
-
 with st.sidebar:
     st.title("sorl-monitor")
     st.caption(f"log folder: `{settings.log_dir}`")
     live_on = st.toggle("live updates", value=True, key="live", help=f"redraw every {settings.refresh_s:g} s")
 
-with common.shown_errors("reading the log folder"):
-    live.refresh()
-if live.problem or not live.run_ids():
-    common.live_fragment(
-        common.refresh_interval(True, settings), overview_view.wait_for_runs, live, live.problem
-    )
-    st.stop()
 
-run_ids = live.run_ids()
+def open_live(run_paths: tuple[str, ...] = ()) -> LiveRuns:
+    """The shared ``LiveRuns`` of the log folder (of only ``run_paths`` when given), refreshed."""
+    try:
+        live = view_parts.live_runs(
+            str(settings.log_dir), settings.detector_config, settings.detector_overrides, settings.log_format,
+            settings.log_map, settings.logging_steps, run_paths,
+        )  # fmt: skip
+    except ValueError as error:
+        st.error(f"Bad detector settings: {error}")
+        st.stop()
+    with view_parts.shown_errors("reading the log folder"):
+        live.refresh()
+    return live
+
+
+has_verdicts = settings.log_dir is not None and VerdictList.present(settings.log_dir)
+fleet = view_parts.verdict_list(str(settings.log_dir)) if has_verdicts else None
+if fleet is None:  # every run of the folder is opened: its run list, the first page's run
+    live = open_live()
+    if live.problem or not live.run_ids():
+        view_parts.live_fragment(
+            view_parts.refresh_interval(True, settings), overview_view.wait_for_runs, live, live.problem
+        )
+        st.stop()
+    run_ids = live.run_ids()
+    first_runs = overview_view.most_urgent(live.run_infos())
+else:  # a fleet: the run list comes from its verdict table, and only the runs picked are opened
+    with view_parts.shown_errors("reading the verdict table"):
+        fleet.refresh()
+    run_ids = [run.run_id for run in fleet.runs]
+    if not run_ids:
+        st.info(f"The verdict table in {settings.log_dir} lists no runs yet (`sorl fleet` writes it).")
+        st.stop()
+    first_runs = fleet_view.first_run(fleet.runs)
 DEFAULTS = links.Choice(
-    runs=tuple(overview_view.most_urgent(live.run_infos())),
+    runs=tuple(first_runs),
     view=next(iter(VIEWS)),
     x_axis="step",
     smooth_steps=0,
@@ -95,10 +111,17 @@ pending = [run_id for run_id in asked if run_id not in run_ids]
 arrived = [run_id for run_id in asked if run_id in run_ids]
 if "runs" not in st.session_state:
     st.session_state["runs"] = arrived
-elif not set(arrived) <= set(st.session_state["runs"]):
-    st.session_state["runs"] = list(dict.fromkeys([*st.session_state["runs"], *arrived]))
+else:  # a run the link asked for that appeared since the last run of the page (a run the viewer removed stays out)
+    appeared = [run_id for run_id in st.session_state.get("pending-runs", ()) if run_id in run_ids]
+    if appeared:
+        st.session_state["runs"] = list(dict.fromkeys([*st.session_state["runs"], *appeared]))
+st.session_state["pending-runs"] = pending
 with st.sidebar:
-    selected = st.multiselect("runs", run_ids, key="runs", help="pick several to compare them in every view")
+    choices = run_ids
+    if fleet is not None:  # the picker offers the runs the filters keep, and the runs picked
+        filtered = [run.run_id for run in fleet_view.filters(fleet.runs)]
+        choices = filtered + [run_id for run_id in st.session_state["runs"] if run_id not in filtered]
+    selected = st.multiselect("runs", choices, key="runs", help="pick several to compare them in every view")
     with st.expander("chart options", expanded=False):
         options = OverviewOptions(
             x_axis=st.segmented_control("x axis", list(X_AXES), key="x-axis") or "step",
@@ -113,7 +136,14 @@ with st.sidebar:
                 help="detector families whose alert onsets are drawn",
             )),
         )  # fmt: skip
-    common.live_fragment(RUN_LIST_REFRESH_S if live_on else None, overview_view.run_status, live, run_ids)
+    if fleet is None:
+        view_parts.live_fragment(
+            RUN_LIST_REFRESH_S if live_on else None, overview_view.run_status, live, run_ids
+        )
+    else:
+        view_parts.live_fragment(
+            RUN_LIST_REFRESH_S if live_on else None, fleet_view.run_list, fleet, filtered, run_ids
+        )
 
 st.session_state["asked-runs"] = [*selected, *pending]
 if pending:
@@ -139,10 +169,13 @@ if not selected:
     st.info("Pick one or more runs in the sidebar.")
     st.stop()
 
+if fleet is not None:
+    paths = fleet.by_id()
+    live = open_live(tuple(paths[run_id].path for run_id in selected))
 tabs = st.tabs(list(VIEWS), key="view", on_change="rerun")
 keep_in_link(next(name for tab, name in zip(tabs, VIEWS, strict=True) if tab.open))
 for tab, (name, render) in zip(tabs, VIEWS.items(), strict=True):
     with tab:
         if tab.open:
-            with common.shown_errors(f"the {name} view"):
-                render(live, selected, common.refresh_interval(live_on, settings), options)
+            with view_parts.shown_errors(f"the {name} view"):
+                render(live, selected, view_parts.refresh_interval(live_on, settings), options)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import streamlit as st
 
-from sorl_monitor.dashboard import common
+from sorl_monitor.dashboard import view_parts
 from sorl_monitor.dashboard.verdict_line import ALARMING, colored_status, verdict_line
 from sorl_monitor.figures.notes import length_note, log_zero_notes
 from sorl_monitor.figures.overview import OverviewOptions, overview_figure
@@ -23,7 +23,7 @@ LEGEND = (
 
 
 def render(live: LiveRuns, run_ids: Sequence[str], refresh_s: float | None, options: OverviewOptions) -> None:
-    common.live_fragment(refresh_s, _overview, live, list(run_ids), options)
+    view_parts.live_fragment(refresh_s, _overview, live, list(run_ids), options)
 
 
 VERDICT_WAIT_S = 1.0
@@ -31,20 +31,20 @@ VERDICT_WAIT_S = 1.0
 
 
 def _overview(live: LiveRuns, run_ids: list[str], options: OverviewOptions) -> None:
-    with common.shown_errors("the overview"):
+    with view_parts.shown_errors("the overview"):
         live.refresh()
         head, body = st.container(), st.container()
-        ready = [run_id for run_id in run_ids if common.run_notes(live, run_id) is None]
+        ready = [run_id for run_id in run_ids if view_parts.run_notes(live, run_id) is None]
         if ready:  # the chart first: the status lines may wait for a post-mortem
             with body:
-                common.chart(
+                view_parts.chart(
                     "overview", live, ready, options,
                     lambda: overview_figure([live.curves(run_id) for run_id in ready], options),
                 )  # fmt: skip
                 st.caption(LEGEND)
         for run_id in run_ids:
             head.markdown(status_line(run_id, live.run_info(run_id), live))
-            note = common.run_notes(live, run_id)
+            note = view_parts.run_notes(live, run_id)
             if note:
                 head.info(note)
             else:
@@ -53,7 +53,7 @@ def _overview(live: LiveRuns, run_ids: list[str], options: OverviewOptions) -> N
                 if notes:
                     head.caption("  \n".join(notes))
         with head:
-            common.show_skipped_parts(live, run_ids)
+            view_parts.show_skipped_parts(live, run_ids)
 
 
 def run_verdict(live: LiveRuns, run_id: str) -> str:
@@ -81,7 +81,7 @@ def status_line(run_id: str, info: RunInfo | None, live: LiveRuns | None = None)
     """``**run** · algorithm · state · step N · reward R · last write S s ago`` (markdown)."""
     if info is None:
         return f"**{run_id}** · gone"
-    algorithm = info.algorithm if live is None else common.algorithm_words(live, run_id, info.algorithm)
+    algorithm = info.algorithm if live is None else view_parts.algorithm_words(live, run_id, info.algorithm)
     parts = [f"**{run_id}**", algorithm or "algorithm not logged", info.status]
     parts.append("no update yet" if info.last_step is None else f"step {info.last_step}")
     if info.last_reward is not None:
@@ -109,7 +109,7 @@ def most_urgent(infos: Sequence[RunInfo], statuses: dict[str, str] | None = None
 def run_status(live: LiveRuns, known: list[str]) -> None:
     """Sidebar: each run's verdict status (when computed), state and last step, most urgent first; reruns the
     page when a new run appears."""
-    with common.shown_errors("the run list"):
+    with view_parts.shown_errors("the run list"):
         live.refresh()
         infos = live.run_infos()
         if [info.run_id for info in infos] != known:
@@ -120,7 +120,7 @@ def run_status(live: LiveRuns, known: list[str]) -> None:
         ranked = sorted(infos, key=lambda info: urgency(info, statuses[info.run_id]))
         lines = [
             _sidebar_line(
-                info, statuses[info.run_id], common.algorithm_words(live, info.run_id, info.algorithm)
+                info, statuses[info.run_id], view_parts.algorithm_words(live, info.run_id, info.algorithm)
             )
             for info in ranked
         ]

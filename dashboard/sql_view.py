@@ -9,8 +9,8 @@ import pyarrow.csv as pacsv
 import streamlit as st
 
 from sorl_monitor.background_query import BackgroundQuery
-from sorl_monitor.dashboard import common
-from sorl_monitor.dashboard.settings import settings
+from sorl_monitor.dashboard import view_parts
+from sorl_monitor.dashboard.launch_settings import settings
 from sorl_monitor.figures.overview import OverviewOptions
 from sorl_monitor.live import LiveRuns
 
@@ -28,9 +28,9 @@ def render(live: LiveRuns, run_ids: Sequence[str], refresh_s: float | None, opti
         f"folder: one SELECT or EXPLAIN, stopped after {time_limit_s:g} s, at most {MAX_ROWS:,} rows. "
         "It runs on a connection of its own: the other views keep updating meanwhile."
     )
-    with common.shown_errors("reading the log folder"):
+    with view_parts.shown_errors("reading the log folder"):
         live.refresh()
-        common.show_skipped_parts(live, live.run_ids())
+        view_parts.show_skipped_parts(live, live.run_ids())
     with st.form("sql-form"):
         query = st.text_area("SQL", value=EXAMPLE, height=140, key="sql-text")
         submitted = st.form_submit_button("Run")
@@ -38,7 +38,7 @@ def render(live: LiveRuns, run_ids: Sequence[str], refresh_s: float | None, opti
         if st.session_state.get("sql-stop"):
             st.info("Stopped.")
         return
-    with common.shown_errors("SQL"):
+    with view_parts.shown_errors("SQL"):
         if live.run_set is None:
             st.info(live.problem or "no runs to query")
             return

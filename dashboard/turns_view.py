@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import streamlit as st
 
-from sorl_monitor.dashboard import common
+from sorl_monitor.dashboard import view_parts
 from sorl_monitor.figures.overview import OverviewOptions
 from sorl_monitor.figures.series import XAxis
 from sorl_monitor.figures.turns import StepRatios, ratio_distribution_figure, turn_heatmap_figure
@@ -27,14 +27,14 @@ def render(live: LiveRuns, run_ids: Sequence[str], refresh_s: float | None, opti
         key="turns-follow",
         help="the first update on a fresh rollout has every ratio equal to 1",
     )
-    common.live_fragment(refresh_s, _turns, live, list(run_ids), options.x_axis, follow)
+    view_parts.live_fragment(refresh_s, _turns, live, list(run_ids), options.x_axis, follow)
 
 
 def _turns(live: LiveRuns, run_ids: list[str], x_axis: str, follow: bool) -> None:
-    with common.shown_errors("the turn view"):
+    with view_parts.shown_errors("the turn view"):
         live.refresh()
         head, body = st.container(), st.container()
-        cells = common.tables_per_run(
+        cells = view_parts.tables_per_run(
             live, run_ids, head, live.turn_cells, lambda run_id: no_turns(live, run_id)
         )
         if not cells:
@@ -42,7 +42,7 @@ def _turns(live: LiveRuns, run_ids: list[str], x_axis: str, follow: bool) -> Non
         with body:
             st.markdown("**Turn-level IS ratio** `w̄_k` (mean of the turn's token ratios) by turn and step")
             axis = XAxis({run_id: live.steps(run_id) for run_id in cells}, x_axis)
-            common.chart(
+            view_parts.chart(
                 "turn-heatmap",
                 live,
                 list(cells),
@@ -54,7 +54,9 @@ def _turns(live: LiveRuns, run_ids: list[str], x_axis: str, follow: bool) -> Non
             at = {run_id: _step_ratios(live, run_id, step) for run_id, step in chosen.items()}
             for run_id, ratios in at.items():
                 st.caption(f"**{run_id}**, step {ratios.step}: " + step_caption(ratios.step_row))
-            common.chart("ratio-distribution", live, list(at), chosen, lambda: ratio_distribution_figure(at))
+            view_parts.chart(
+                "ratio-distribution", live, list(at), chosen, lambda: ratio_distribution_figure(at)
+            )
 
 
 def _chosen_steps(live: LiveRuns, cells: dict[str, pa.Table], follow: bool) -> dict[str, int]:
@@ -85,7 +87,7 @@ def _step_ratios(live: LiveRuns, run_id: str, step: int) -> StepRatios:
 def no_turns(live: LiveRuns, run_id: str) -> str:
     if any(p.table == "turns" for p in live.skipped_parts(run_id)):
         return f"Run {run_id}'s turn parts could not be read (listed below), so it shows no turn rows."
-    foreign = common.foreign_log(live, run_id)
+    foreign = view_parts.foreign_log(live, run_id)
     if foreign:
         return (
             f"Run {run_id} has no turn rows: it is {foreign}, one row of metrics per step, without "

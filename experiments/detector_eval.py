@@ -68,7 +68,7 @@ for folder in (ROOT, ROOT / "experiments"):
 
 import log_shapes  # noqa: E402
 
-from sorl_monitor.detectors import DetectorConfig, detect, load_config  # noqa: E402
+from sorl_monitor.detectors import DetectorConfig, detect, get_detectors, load_config  # noqa: E402
 from sorl_monitor.postmortem import PostmortemConfig, label_collapse, postmortem  # noqa: E402
 from sorl_monitor.query import QueryError, RunSet, open_runs  # noqa: E402
 
@@ -76,6 +76,8 @@ FITTED: dict[str, tuple[float, ...]] = {
     "clip_rise_critical": (3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 15.0, 20.0, math.inf),
     "turn_clip_rise_critical": (4.0, 6.0, 8.0, 10.0, 12.0, 15.0, 20.0, 30.0, math.inf),
     "kl_rise_critical": (5.0, 8.0, 10.0, 15.0, 20.0, 30.0, 50.0, 100.0, math.inf),
+    "entropy_rise_critical": (4.0, 8.0, 16.0, math.inf),
+    "diverging_critical": (2.0, 3.0, 4.0, math.inf),
 }
 """The critical thresholds fitted on the corpus, and the grid each is chosen from (any ``<detector>_critical``
 of ``DetectorConfig`` may be added; the grid search holds every combination in memory)."""
@@ -197,8 +199,9 @@ class Score:
     missed: list[str] = field(default_factory=list)
     false: list[str] = field(default_factory=list)
 
-    def add(self, run: Labelled, alarm: float | None) -> None:
+    def add(self, run: Labelled, alarm: float | None, why: str | None = None) -> None:
         alarm = None if alarm is None or math.isinf(alarm) else int(alarm)
+        by = f" {why}" if why and alarm is not None else ""
         if run.collapse_step is not None:
             self.collapsing += 1
             if alarm is not None and alarm <= run.deadline:
@@ -206,7 +209,7 @@ class Score:
                 self.leads.append(run.collapse_step - alarm)
                 self.lead_shares.append((run.collapse_step - alarm) / max(run.collapse_step, 1))
             else:
-                self.missed.append(f"{run.run_id} (collapse {run.collapse_step}, alarm {alarm})")
+                self.missed.append(f"{run.run_id} (collapse {run.collapse_step}, alarm {alarm}{by})")
         elif run.dipped:
             self.dipped += 1
             self.alarmed_dips += alarm is not None
@@ -214,7 +217,7 @@ class Score:
             self.stable += 1
             if alarm is not None:
                 self.false_alarms += 1
-                self.false.append(f"{run.run_id} (alarm {alarm})")
+                self.false.append(f"{run.run_id} (alarm {alarm}{by})")
 
     def row(self) -> dict[str, Any]:
         return {
@@ -272,11 +275,11 @@ def setting_of(run_id: str) -> str:
     return re.sub(r"-s\d+$", "", run_id)
 
 
-def labels(runs: RunSet, config: DetectorConfig) -> list[Labelled]:
+def labels(runs: RunSet, config: DetectorConfig, label: PostmortemConfig | None = None) -> list[Labelled]:
     """Every run's label, with where its fall starts and where the alert streak into it may begin: the
     post-mortem's own (``collapse_step`` at the fall's start, ``confirmed_step``, ``recovered_step``) where
     ``label_collapse`` gives them, else ``fall_start`` and ``last_recovery`` here."""
-    out, label = [], PostmortemConfig()
+    out, label = [], label or PostmortemConfig()
     rows = label_collapse(runs, config, postmortem_config=label).to_pylist()
     shipped = bool(rows) and "confirmed_step" in rows[0] and "recovered_step" in rows[0]
     tracks = {}
@@ -314,24 +317,35 @@ class Alarms:
     fitted: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)
     unfitted: dict[str, np.ndarray] = field(default_factory=dict)
     baselines: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    unfitted_names: dict[str, list[str]] = field(default_factory=dict)
 
 
 def collect_alarms(runs: RunSet, config: DetectorConfig, to_update=lambda run_id, step: step) -> Alarms:
-    """Run the detectors once with the fitted ones' warnings at 0 and criticals off (their values give every
-    threshold's crossings), and the baselines; ``to_update(run_id, step)`` maps a log's step to updates."""
-    detectors = [key.removesuffix("_critical") for key in FITTED]
-    probe = config.replace(**{f"{name}_warning": 0.0 for name in detectors},
-                           **{f"{name}_critical": math.inf for name in detectors})  # fmt: skip
-    fitted: dict[str, dict[str, tuple[list, list]]] = {name: {} for name in detectors}
-    unfitted: dict[str, list[int]] = {}
-    for row in detect(runs, probe).to_pylist():
+    """The fitted detectors' values at every block (each threshold's crossings follow from them), the unfitted
+    ones' critical alerts, and the baselines; ``to_update(run_id, step)`` maps a log's step to updates.
+
+    Two passes. The fitted single-signal detectors run alone with warnings at 0 and criticals off, so every
+    block's value is reported. Everything else runs at the configured warning levels with the fitted
+    criticals off: a joint detector (``diverging``) counts the families above their own *warning* levels, so
+    it must see the configured ones (with the probe's zero warnings every logged family would count)."""
+    fitted_names = [key.removesuffix("_critical") for key in FITTED]
+    joint = {d.name for d in get_detectors() if d.reads}
+    single = [name for name in fitted_names if name not in joint]
+    off = {f"{name}_critical": math.inf for name in fitted_names}
+    probe = config.replace(**{f"{name}_warning": 0.0 for name in single}, **off)
+    rest = config.replace(**{f"{name}_warning": 0.0 for name in fitted_names if name in joint}, **off)
+    fitted: dict[str, dict[str, tuple[list, list]]] = {name: {} for name in fitted_names}
+    unfitted: dict[str, list[tuple[int, str]]] = {}
+    rows = detect(runs, probe, detectors=single).to_pylist() if single else []
+    rows += [r for r in detect(runs, rest).to_pylist() if r["detector"] not in single]
+    for row in rows:
         name, run_id, step = row["detector"], row["run_id"], to_update(row["run_id"], row["step"])
         if name in fitted:
             steps, values = fitted[name].setdefault(run_id, ([], []))
             steps.append(step)
             values.append(row["value"])
         elif row["severity"] == "critical":
-            unfitted.setdefault(run_id, []).append(step)
+            unfitted.setdefault(run_id, []).append((step, name))
     params = {**BASELINE_PARAMS, "min_history_steps": config.min_history_steps}
     baselines = {}
     for method, sql in (("olmo_grad_spike", OLMO_GRAD_SPIKE_SQL), ("foundry_spike", FOUNDRY_SPIKE_SQL)):
@@ -343,8 +357,9 @@ def collect_alarms(runs: RunSet, config: DetectorConfig, to_update=lambda run_id
     return Alarms(
         {name: {run_id: (np.array(s, float), np.array(v, float)) for run_id, (s, v) in by_run.items()}
          for name, by_run in fitted.items()},
-        {run_id: np.array(sorted(steps), float) for run_id, steps in unfitted.items()},
+        {run_id: np.array(sorted(s for s, _ in found), float) for run_id, found in unfitted.items()},
         baselines,
+        {run_id: [name for _, name in sorted(found)] for run_id, found in unfitted.items()},
     )  # fmt: skip
 
 
@@ -440,11 +455,30 @@ def baseline_alarm(run: Labelled, alarms: Mapping[str, Alarms], method: str) -> 
     return first_from(alarms[run.shape].baselines[method].get(run.run_id), run.streak_from)
 
 
-def score_with(name: str, runs: Sequence[Labelled], alarms: Mapping[Any, float | None]) -> Score:
+def score_with(
+    name: str,
+    runs: Sequence[Labelled],
+    alarms: Mapping[Any, float | None],
+    why: Mapping[tuple[str, str], str] | None = None,
+) -> Score:
     score = Score(name)
     for run in runs:
-        score.add(run, alarms.get(run.key, alarms.get(run.run_id)))
+        score.add(run, alarms.get(run.key, alarms.get(run.run_id)), (why or {}).get(run.key))
     return score
+
+
+def alarm_source(run: Labelled, alarms: Alarms, thresholds: Mapping[str, float]) -> str | None:
+    """Which detector raised ``run``'s alarm at ``thresholds`` (the fitted ones) and the configured levels."""
+    best, name = first_from(alarms.unfitted.get(run.run_id), run.streak_from), None
+    if not math.isinf(best):
+        steps = alarms.unfitted[run.run_id]
+        name = alarms.unfitted_names[run.run_id][int(np.searchsorted(steps, best, side="left"))]
+    for key, threshold in thresholds.items():
+        detector = key.removesuffix("_critical")
+        step = first_crossing(alarms.fitted[detector].get(run.run_id), threshold, run.streak_from)
+        if step < best:
+            best, name = step, detector
+    return name
 
 
 # ------------------------------------------------------------------------------------------ shapes
@@ -508,6 +542,21 @@ def in_shape(
     return out
 
 
+def with_row_deadlines(runs: Sequence[Labelled], rows: Mapping[str, np.ndarray] | None) -> list[Labelled]:
+    """``runs`` with each collapse's deadline moved to the first of its log's ``rows`` (in updates) at or after
+    the collapse step, where that is later (``rows`` None: every update is a row; nothing moves)."""
+    out = []
+    for run in runs:
+        copy = Labelled(**run.__dict__)
+        at = None if rows is None or run.collapse_step is None else rows.get(run.run_id)
+        if at is not None:
+            later = at[at >= run.collapse_step]
+            if len(later):
+                copy.deadline = max(copy.deadline, int(later[0]))
+        out.append(copy)
+    return out
+
+
 def verdict_alarms(runs: RunSet, labelled: Sequence[Labelled], config: DetectorConfig,
                    fits: Mapping[str, Mapping[str, float]], to_update) -> dict[str, float]:  # fmt: skip
     """Per cut run whose post-mortem verdict (with its setting's fitted thresholds) is not ``healthy``: the
@@ -522,20 +571,23 @@ def verdict_alarms(runs: RunSet, labelled: Sequence[Labelled], config: DetectorC
 
 # ------------------------------------------------------------------------------------------ evaluation
 def evaluate_corpus(
-    path: Sequence[str], config: DetectorConfig, shapes: Sequence[str] = ("update",)
+    path: Sequence[str],
+    config: DetectorConfig,
+    shapes: Sequence[str] = ("update",),
+    label: PostmortemConfig | None = None,
 ) -> dict[str, Any]:
     """Label the corpus, score every shape leave-one-setting-out beside the baselines (see module docstring)."""
     unknown = sorted(set(shapes) - set(log_shapes.SHAPES))
     if unknown:
         raise ValueError(f"unknown logging shape {unknown[0]!r}; known: {', '.join(log_shapes.SHAPES)}")
     with tempfile.TemporaryDirectory(prefix="detector_eval-") as scratch, open_runs(path) as runs:
-        base = labels(runs, config)
+        base = labels(runs, config, label)
         alarms = {"update": collect_alarms(runs, config)} if "update" in shapes else {}
         updates = shaped_logs(runs, base, [s for s in shapes if s != "update"], Path(scratch))
         by_shape = {s: in_shape(base, s) for s in shapes if s not in ("update", "cut")}
         if "update" in shapes:
             by_shape = {"update": in_shape(base, "update"), **by_shape}
-        cut_runs = None
+        cut_runs, rows_at = None, {}
         for shape in (s for s in shapes if s != "update"):
 
             def to_update(run_id: str, step: int, shape: str = shape) -> int:
@@ -543,6 +595,8 @@ def evaluate_corpus(
 
             shaped = open_runs(Path(scratch) / shape)
             alarms[shape] = collect_alarms(shaped, config, to_update)
+            rows_at[shape] = {r["run_id"]: np.array(sorted(to_update(r["run_id"], s) for s in r["steps"]), float)
+                              for r in shaped.sql("SELECT run_id, list(step) AS steps FROM steps GROUP BY run_id").to_pylist()}  # fmt: skip
             if shape == "cut":
                 ends = {r["run_id"]: to_update(r["run_id"], r["last"])
                         for r in shaped.sql("SELECT run_id, max(step) AS last FROM steps GROUP BY run_id").to_pylist()}  # fmt: skip
@@ -566,7 +620,11 @@ def evaluate_corpus(
         if shape == "cut":
             mine = {run.key: min(found[run.key], verdicts.get(run.run_id, NEVER)) for run in shaped_runs}
         name = "detectors (leave-one-setting-out)" + (" + verdict" if shape == "cut" else "")
-        scores[shape] = [score_with(name, shaped_runs, mine)] + [
+        why = {run.key: alarm_source(run, alarms[shape], fits[run.setting]) for run in shaped_runs}
+        if shape == "cut":
+            why.update({run.key: "verdict" for run in shaped_runs
+                        if verdicts.get(run.run_id, NEVER) < found[run.key]})  # fmt: skip
+        scores[shape] = [score_with(name, shaped_runs, mine, why)] + [
             score_with(method, shaped_runs, {r.key: baseline_alarm(r, alarms, method) for r in shaped_runs})
             for method in ("olmo_grad_spike", "foundry_spike")
         ]
@@ -574,6 +632,9 @@ def evaluate_corpus(
             r for r in shaped_runs if r.collapse_step is None or r.collapse_step >= config.min_history_steps
         ]
         scores[shape].append(score_with(f"{LATE_PREFIX}{config.min_history_steps}", judged, mine))
+        scores[shape].append(
+            score_with(ROW_DEADLINE, with_row_deadlines(shaped_runs, rows_at.get(shape)), mine)
+        )
     by_folder = []
     if (
         len(path) > 1 and "update" in by_shape
@@ -661,6 +722,10 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+ROW_DEADLINE = "the same, on time up to the row that covers the fall's start"
+"""The detectors' score where an alarm on the first logged row at or after the collapse step (the row whose window
+holds the update the fall starts at) still counts: a log every 5 steps cannot alarm at update 8."""
+
 LATE_PREFIX = "the same, falls from update "
 """The detectors' score on the collapses whose fall starts once a baseline can exist (``min_history_steps``)."""
 
@@ -683,15 +748,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", type=Path, default=None, help="TOML file of detector settings")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="name=value")
     parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON")
+    parser.add_argument("--fit", action="append", default=[], metavar="NAME=V,V,…",
+                        help="fit this <detector>_critical over these values (inf: off) besides FITTED's; "
+                             "NAME= with no values leaves it at its configured value")  # fmt: skip
+    parser.add_argument("--peak-band", type=float, default=None,
+                        help="label the fall's start with this peak band instead of the post-mortem's "
+                             "(a sensitivity check of the label; the shipped label is the default)")  # fmt: skip
     args = parser.parse_args(argv)
     if not args.corpus and not args.real:
         parser.error("give --corpus and/or --real")
     try:
         config = load_config(args.config, args.overrides)
+        for item in args.fit:
+            name, _, values = item.partition("=")
+            if not hasattr(config, name) or not name.endswith("_critical"):
+                raise ValueError(f"--fit {item}: not a <detector>_critical setting")
+            if values:
+                FITTED[name] = tuple(float(v) for v in values.split(","))
+            else:
+                FITTED.pop(name, None)
         payload: dict[str, Any] = {"config": config.to_dict(), "baselines": BASELINE_PARAMS}
         if args.corpus:
             started = time.perf_counter()
-            corpus = evaluate_corpus(args.corpus, config, args.shapes)
+            band = None if args.peak_band is None else PostmortemConfig(peak_band=args.peak_band)
+            if band is not None:
+                print(f"Label: the fall starts where the reward moving average was last within {args.peak_band:g} "
+                      "of its running peak (a sensitivity check; the post-mortem ships "
+                      f"{PostmortemConfig().peak_band:g})\n")  # fmt: skip
+            corpus = evaluate_corpus(args.corpus, config, args.shapes, band)
             collapsing = sum(r.collapse_step is not None for r in corpus["runs"])
             print(
                 _wrap(

@@ -12,8 +12,9 @@ Grid (every combination; a *setting* is one cell, its seeds are replicates):
 6 × 2 × 2 × 3 = 72 settings × 2 seeds = 144 runs (about 50 min with 2 jobs on 2 cores). ``--failures``
 makes instead the ``FAILURE_SETTINGS``, aimed at the real ways runs fail without a KL penalty (entropy and
 length blowing up, reward variance dying, responses collapsing to a few tokens), each a plain change of the
-trainer's knobs (``temperature``, ``ent_coef``, ``lr``), one rollout batch of 4 updates at a constant lr,
-80 iterations; 1 of their 8 runs collapsed (docs/detectors.md: which, and why the rest are kept). Nothing is
+trainer's knobs (``temperature``, ``ent_coef``, ``lr``, ``warmup_iterations``), one rollout batch of 4 updates
+at a constant lr (or one warmed up), 80 iterations (60 for the warmed-up lr); 5 of their 12 runs collapsed
+(docs/detectors.md: which, and why the rest are kept). Nothing is
 injected: each run is real training of the bundled trainer, logged by the monitor (``log_turns=first`` to
 keep the folders small). Runs already finished in ``--out`` are kept, so an interrupted build resumes.
 ``experiments/detector_eval.py`` labels and scores them; ``--export DIR`` then writes the compact copy
@@ -53,6 +54,24 @@ FAILURE_SETTINGS: dict[str, dict] = {
     # within 2 iterations): at lr 1e-3 all four runs learned
     "grpo-entropy-e0.03-lr1e-3": {"algo": "grpo", "lr": 1e-3, "ent_coef": 0.03},
     "grpo-entropy-e0.05-lr1e-3": {"algo": "grpo", "lr": 1e-3, "ent_coef": 0.05},
+    # the same bonus with the lr warmed up to 3e-3 over 40 iterations: the run learns while the lr is low, then
+    # (all four runs, GRPO and PPO, between iterations 28 and 54) the entropy runs to its maximum and every
+    # response to one 4-token turn: the entropy blow-up and responses collapsing to a few tokens, after a
+    # healthy phase
+    "grpo-entwarm-e0.05-lr3e-3": {
+        "algo": "grpo",
+        "lr": 3e-3,
+        "ent_coef": 0.05,
+        "warmup_iterations": 40,
+        "iterations": 60,
+    },
+    "ppo-entwarm-e0.05-lr3e-3": {
+        "algo": "ppo",
+        "lr": 3e-3,
+        "ent_coef": 0.05,
+        "warmup_iterations": 40,
+        "iterations": 60,
+    },
 }
 """Settings aimed at the ways real runs fail, outside the reuse grid (``--failures``); all without a KL penalty
 (``kl_ref_coef`` 0, the trainer's default)."""
@@ -88,8 +107,16 @@ def run_one(job: tuple[str, str, dict, int, int]) -> tuple[str, float, str]:
 
     name = f"{setting}-s{seed}"
     started = time.perf_counter()
-    cfg = TrainConfig(seed=seed, iterations=iterations, log_dir=out, run_name=name, log_turns="first",
-                      **overrides)  # fmt: skip
+    cfg = TrainConfig(
+        **{
+            "seed": seed,
+            "iterations": iterations,
+            "log_dir": out,
+            "run_name": name,
+            "log_turns": "first",
+            **overrides,
+        }
+    )  # fmt: skip (a setting's own iterations win)
     result = train(cfg)
     return name, time.perf_counter() - started, result.status
 
@@ -111,7 +138,7 @@ collapse label, the root-cause rules or a baseline reads."""
 
 
 CONFIG_KEPT = ("algo", "epochs", "minibatches", "staleness", "lr", "iterations", "ctn", "dual_clip", "seed",
-               "anneal_lr", "temperature", "ent_coef", "kl_ref_coef")  # fmt: skip
+               "anneal_lr", "warmup_iterations", "temperature", "ent_coef", "kl_ref_coef")  # fmt: skip
 """The config knobs a compact copy's ``run.json`` keeps (the ones that make a setting)."""
 
 

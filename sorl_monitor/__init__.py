@@ -1,7 +1,7 @@
 """sorl-monitor: see RL fine-tuning of LLM agents collapse coming, explain why, and stop it.
 
 Public API (imported on first use, so reading runs never imports torch):
-- ``Monitor``: attach to a trainer, stream per-update and per-turn metrics to Parquet;
+- ``Monitor``: attach to a trainer, stream per-update and per-turn metrics to Parquet (``WriterConfig``: how);
 - ``open_runs``: DuckDB views ``runs, steps, turns, modules, alerts`` over written runs;
 - ``detect``, ``DetectorConfig``, ``CtnGuard``, ``postmortem``, ``PostmortemConfig``: collapse precursors,
   the live CTN guard, and the root-cause post-mortem;
@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "Monitor": "sorl_monitor.monitor",
     "MonitorWarning": "sorl_monitor.monitor",
+    "WriterConfig": "sorl_monitor.writer",
     "open_runs": "sorl_monitor.query",
     "QueryError": "sorl_monitor.query",
     "detect": "sorl_monitor.detectors",

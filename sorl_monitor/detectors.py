@@ -637,6 +637,19 @@ def detect_sql(detectors: Sequence[Detector] = DETECTORS) -> str:
     )  # fmt: skip
 
 
+FIRED_END = "\nSELECT run_id, step, detector, severity, value, threshold, printf("
+"""Where ``DETECT_SQL``'s final ``SELECT`` (ranks merged, messages formatted, rows ordered) begins."""
+
+
+def fired_sql(detectors: Sequence[Detector] = DETECTORS) -> str:
+    """``detect_sql(detectors)``'s ``WITH`` clause, up to ``fired``: one row per firing of each rank, its message a
+    ``printf`` format not yet applied (for a summary that merges ranks and formats one message per detector)."""
+    head, found, _ = detect_sql(detectors).rpartition(FIRED_END)
+    if not found:
+        raise AssertionError("DETECT_SQL's final SELECT no longer starts with FIRED_END")
+    return head
+
+
 _PARAMETER = re.compile(r"\$([a-z_][a-z0-9_]*)")
 
 

@@ -21,7 +21,9 @@ from __future__ import annotations
 import concurrent.futures
 import datetime as dt
 import os
-from collections.abc import Callable, Mapping, Sequence
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,11 +31,15 @@ from typing import Any
 import pyarrow as pa
 
 from sorl_monitor.postmortem import load_configs, postmortem
-from sorl_monitor.query import find_foreign_logs, find_runs, open_runs
+from sorl_monitor.query import SharedDatabase, default_memory_limit, find_foreign_logs, find_runs, open_runs
 from sorl_monitor.storage import is_remote, remote_runs
 from sorl_monitor.verdict_table import VERDICT_COLUMNS, sorted_verdicts, verdict_table
 
 ENGINES = ("local", "ray")
+POSTMORTEM_TABLES = ("steps", "turns", "alerts")
+"""The tables ``postmortem`` reads: a task makes views of these only, with ``steps`` (read by ~10 of the
+post-mortem's statements) copied into memory once (``open_runs(materialize=…)``). A post-mortem that read
+another table would fail on every run (its view missing), never judge it on empty rows."""
 
 
 @dataclass(frozen=True)
@@ -76,22 +82,53 @@ def judge_targets(
 ) -> list[dict[str, Any]]:
     """The verdict rows of ``targets`` (``(path, mtime)`` pairs), each opened alone; the one task both
     engines run. ``config_file`` (TOML) and ``settings`` (``name=value``) as ``postmortem.load_configs``;
-    ``storage_options`` for targets in object storage."""
+    ``storage_options`` for targets in object storage. The run sets of local targets work one after
+    another in one DuckDB database (``query.SharedDatabase``), each with its own views."""
     configs = load_configs(config_file, settings)
     now = dt.datetime.now(dt.UTC)
     rows = []
-    for path, mtime in targets:
-        base = {"path": path, "source_mtime": mtime, "updated_at": now}
-        try:
-            options = dict(storage_options or {})
-            with open_runs(path, fmt, threads=1, storage_options=options) as run_set:
-                run_ids = run_set.sql("SELECT run_id FROM runs ORDER BY run_id").column(0).to_pylist()
-                for run_id in run_ids:
-                    rows.append({**base, **_verdict_row(postmortem(run_set, run_id, *configs))})
-        except Exception as error:  # noqa: BLE001 - one bad run is a row, never a failed fleet
-            name = path.rstrip("/").rpartition("/")[2]
-            rows.append({**base, "run_id": name, "status": "error", "error": _one_line(error)})
+    folders = [
+        str(Path(path).resolve()) for path, _ in targets if not is_remote(path) and Path(path).is_dir()
+    ]
+    scratch = tempfile.mkdtemp(prefix="sorl-fleet-")
+    try:
+        with SharedDatabase(
+            threads=1, memory_limit=default_memory_limit(), scratch=scratch, folders=folders
+        ) as database:
+            for path, mtime in targets:
+                base = {"path": path, "source_mtime": mtime, "updated_at": now}
+                try:
+                    for row in _judge(path, fmt, configs, storage_options, database):
+                        rows.append({**base, **row})
+                except Exception as error:  # noqa: BLE001 - one bad run is a row, never a failed fleet
+                    name = path.rstrip("/").rpartition("/")[2]
+                    rows.append({**base, "run_id": name, "status": "error", "error": _one_line(error)})
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     return rows
+
+
+def _judge(
+    path: str,
+    fmt: str | None,
+    configs: tuple[Any, ...],
+    storage_options: Mapping[str, str] | None,
+    database: SharedDatabase,
+) -> Iterator[dict[str, Any]]:
+    """The verdict row of each run at ``path`` (``postmortem``, on views of the tables it reads), as judged."""
+    with open_runs(
+        path,
+        fmt,
+        threads=1,
+        storage_options=dict(storage_options or {}),
+        tables=POSTMORTEM_TABLES,
+        materialize=("steps",),
+        database=database,
+        interruptible=False,
+    ) as run_set:
+        run_ids = run_set.sql("SELECT run_id FROM runs ORDER BY run_id").column(0).to_pylist()
+        for run_id in run_ids:
+            yield _verdict_row(postmortem(run_set, run_id, *configs))
 
 
 def _verdict_row(verdict: Any) -> dict[str, Any]:

@@ -25,7 +25,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sorl_monitor.detectors import ArrowDetector, DetectorConfig, get_detectors
+from sorl_monitor.detectors import ALERT_COLUMNS, ArrowDetector, DetectorConfig, get_detectors
+from sorl_monitor.guard_screen import GuardScreen
 
 DEFAULT_TRIP_ON = ("clip_rise", "turn_clip_rise", "kl_rise", "ratio_tail_rise")
 """Detectors of importance-ratio drift (the ``ratio`` and behaviour-KL signals): what CTN (λ · clip fraction ·
@@ -75,6 +76,8 @@ class CtnGuard:
         min_severity: ``"warning"`` (default: act early) or ``"critical"``.
         start_active: begin with CTN on (armed), as if a detector had fired just before the first update,
             so it goes off only after ``quiet_updates`` updates without a firing.
+        screen: skip the detector SQL on a call where ``guard_screen`` shows every trip detector clearly
+            below its warning level (the same decisions; False runs the SQL on every call).
     """
 
     def __init__(
@@ -84,6 +87,7 @@ class CtnGuard:
         quiet_updates: int = 256,
         min_severity: str = "warning",
         start_active: bool = False,
+        screen: bool = True,
     ) -> None:
         if quiet_updates < 1:
             raise ValueError(f"quiet_updates must be at least 1, not {quiet_updates}")
@@ -94,6 +98,7 @@ class CtnGuard:
         self.quiet_updates = quiet_updates
         self.min_severity = min_severity
         self._detector = ArrowDetector(self.config, get_detectors(self.trip_on), optimize=False)
+        self._screen = GuardScreen(self.config, self.trip_on) if screen else None
         self.active = start_active
         self._last_seen: int | None = None
         self._last_fired: int | None = -1 if start_active else None  # armed: "fired" before step 0
@@ -105,7 +110,10 @@ class CtnGuard:
         last_step = pc.max(recent_steps.column("step")).as_py()
         if last_step is None or (self._last_seen is not None and last_step <= self._last_seen):
             return None
-        fired = self._detector(recent_steps, after_step=self._last_seen)
+        if self._screen is not None and self._screen.quiet(recent_steps, self._last_seen):
+            fired = ALERT_COLUMNS.empty_table()  # no trip detector can fire: the SQL would return no row
+        else:
+            fired = self._detector(recent_steps, after_step=self._last_seen)
         self._last_seen = last_step
         if self.min_severity == "critical":
             fired = fired.filter(pc.equal(fired.column("severity"), "critical"))

@@ -25,7 +25,7 @@ import math
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -170,6 +170,8 @@ class LiveRuns:
         detector_config: thresholds for the alert onsets, the collapse label and the verdict.
         postmortem_config: the collapse label's and the verdict's own settings.
         verdict_every_s: while a run is written its post-mortem is recomputed at most this often.
+        run_paths: open only these runs (their folders or log files) of ``source``, a folder, and not every
+            run in it (the dashboard over a fleet's verdict table opens the runs a viewer picked).
     """
 
     def __init__(
@@ -182,6 +184,7 @@ class LiveRuns:
         postmortem_config: PostmortemConfig | None = None,
         verdict_every_s: float = 30.0,
         log_options: LogOptions | None = None,
+        run_paths: Sequence[str] = (),
     ) -> None:
         self.run_set: RunSet | None = source if isinstance(source, RunSet) else None
         self._owns_run_set = self.run_set is None
@@ -189,6 +192,7 @@ class LiveRuns:
         self.fmt = fmt
         self.log_options = log_options
         """What the user told the log readers (``logs.options``: ``--map``, ``--logging-steps``)."""
+        self.run_paths = tuple(run_paths)
         self.min_refresh_s = min_refresh_s
         self.detector_config = detector_config or DetectorConfig()
         self.postmortem_config = postmortem_config or PostmortemConfig()
@@ -244,8 +248,12 @@ class LiveRuns:
                 "Point the dashboard at the log_dir your Monitor writes to."
             )
             return False
+        paths = [p for p in self.run_paths if Path(p).exists()]
+        if self.run_paths and not paths:
+            self.problem = f"The runs picked are not in {self.log_dir} any more: {', '.join(self.run_paths)}."
+            return False
         try:
-            self.run_set = open_runs(self.log_dir, self.fmt, log_options=self.log_options)
+            self.run_set = open_runs(paths or self.log_dir, self.fmt, log_options=self.log_options)
         except QueryError as error:
             if not self.log_dir.is_dir():
                 self.problem = f"{self.log_dir} is a file that cannot be read as a log: {error}"

@@ -166,8 +166,9 @@ def turn_ratio(
 ) -> Tensor:
     """Turn-level IS ratio broadcast to the turn's tokens (differentiable).
 
-    ``mode="mean"``: ``w̄_k = mean_{t∈k} r_t`` (arithmetic mean of token ratios, the default);
-    ``mode="geomean"``: ``w̄_k = exp(mean_{t∈k} log r_t)``.
+    ``mode="mean"``: the arithmetic form ``w̄_k = mean_{t∈k} r_t`` (the default here, and what the monitor logs);
+    ``mode="geomean"``: the geometric form ``w̄_k = exp(mean_{t∈k} log r_t)`` (the trainer's default turn ratio).
+    Both forms: docs/schema.md, "The turn ratio".
     """
     if valid is None:
         valid = turn_ids >= 0
@@ -395,7 +396,7 @@ def update_metrics(
     row_valid = valid.any(dim=1)
     s["seq_ratio_mean"] = masked_mean(masked_mean(log_ratio, valid, dim=1).exp(), row_valid)
 
-    # turn-level IS: w̄_k = mean_{t∈k} r_t
+    # turn-level IS, the arithmetic form: w̄_k = mean_{t∈k} r_t (docs/schema.md, "The turn ratio")
     in_turn = valid & (turn_ids >= 0)
     n_tokens = turn_count(turn_ids, in_turn)
     turn_exists = n_tokens > 0

@@ -22,7 +22,7 @@ import collections
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +32,12 @@ import torch
 from torch import Tensor, nn
 
 from sorl_monitor.in_flight import InFlight
-from sorl_monitor.integrations.names import guess_family, map_metrics
 from sorl_monitor.metrics import TURN_COLUMNS, UpdateMetrics, update_metrics
 from sorl_monitor.module_tracker import ModuleNormTracker, pre_clip_norms
+from sorl_monitor.names import guess_family, map_metrics
 from sorl_monitor.notify import Notifier
 from sorl_monitor.run_info import (
-    RunInfo,
+    RunFile,
     distributed_rank,
     ending_status,
     new_run_id,
@@ -46,12 +46,13 @@ from sorl_monitor.run_info import (
     utc_now,
 )
 from sorl_monitor.schema import KEYS, RUN_FILE, SEVERITIES, check_run_id, column_name, metric_column
+from sorl_monitor.settings import check_setting
 from sorl_monitor.storage import RunUploader, UploadStats, is_remote, staging_dir
 from sorl_monitor.transfer import start_copy
 from sorl_monitor.warn import MonitorWarning, WarnOnce, warn
-from sorl_monitor.writer import ParquetStreamWriter, WriterStats, check_setting, check_writer_settings
+from sorl_monitor.writer import ParquetStreamWriter, WriterConfig, WriterStats
 
-__all__ = ["Monitor", "MonitorWarning", "warn"]
+__all__ = ["Monitor", "MonitorWarning", "WriterConfig", "warn"]
 
 
 @dataclass
@@ -88,18 +89,19 @@ class Monitor:
         algorithm: stored in ``run.json`` (and used in the default run id).
         seed: stored in ``run.json`` (``run_info.storable_seed``); default ``torch.initial_seed()``.
         clip_eps, clip_eps_high: PPO's trust region ``[1 − ε_low, 1 + ε_high]`` for clip fractions.
-        flush_interval_s, flush_rows, max_pending_rows: the writer's flush cadence and queue bound (rows).
-            Settings that cannot work (``flush_interval_s <= 0``, ``window < 1``, …) raise ``ValueError``.
-        max_turn_rows: turn slots per episode written to the ``turns`` table.
-        window: how many recent ``steps`` rows stay in memory for live detectors.
-        compact: merge small part files into ``part-A-B.parquet`` as they pile up and at close.
+        max_turn_rows: turn slots per episode written to the ``turns`` table (default 64).
+        window: how many recent ``steps`` rows stay in memory for live detectors (default 512).
         rank, world_size: default from ``torch.distributed`` (or ``RANK``/``WORLD_SIZE``).
         enabled: ``False`` turns every call into a no-op (e.g. to measure overhead).
         notify: a webhook URL (or a ``notify.Notifier``, e.g. for another ``close_timeout_s``): rank 0
             posts alert onsets, guard actions and an end of the run other than ``finished`` there, from a
             background thread.
-        storage_options: for a ``log_dir`` in object storage (``s3://bucket/prefix``): endpoint and
-            credentials (``storage.filesystem``); by default the usual AWS environment variables.
+        writer: how rows are written (``writer.WriterConfig``: flush cadence, queue bound, compaction,
+            object-storage options); default ``WriterConfig()``.
+        flush_interval_s, flush_rows, max_pending_rows, compact, storage_options: one field of ``writer``
+            each (``WriterConfig`` documents them and their defaults); one given here replaces ``writer``'s.
+
+    Settings that cannot work (``flush_interval_s <= 0``, ``window < 1``, …) raise ``ValueError``.
     """
 
     def __init__(
@@ -112,19 +114,30 @@ class Monitor:
         seed: int | None = None,
         clip_eps: float = 0.2,
         clip_eps_high: float | None = None,
-        flush_interval_s: float = 2.0,
-        flush_rows: int = 200_000,
-        max_pending_rows: int = 4_000_000,
         max_turn_rows: int = 64,
         window: int = 512,
-        compact: bool = True,
         rank: int | None = None,
         world_size: int | None = None,
         enabled: bool = True,
         notify: str | Notifier | None = None,
+        writer: WriterConfig | None = None,
+        flush_interval_s: float | None = None,
+        flush_rows: int | None = None,
+        max_pending_rows: int | None = None,
+        compact: bool | None = None,
         storage_options: Mapping[str, str] | None = None,
     ) -> None:
-        check_writer_settings(flush_interval_s, flush_rows, max_pending_rows, 32 if compact else 0, 1)
+        given = {
+            "flush_interval_s": flush_interval_s,
+            "flush_rows": flush_rows,
+            "max_pending_rows": max_pending_rows,
+            "compact": compact,
+            "storage_options": storage_options,
+        }
+        writer = replace(
+            writer or WriterConfig(), **{name: value for name, value in given.items() if value is not None}
+        )
+        self.writer_config = writer
         check_setting("max_turn_rows", max_turn_rows, least=0, integer=True)
         check_setting("window", window, least=1, integer=True)
         check_setting("clip_eps", clip_eps, above=0)
@@ -143,8 +156,8 @@ class Monitor:
                 self.run_id,
                 self.rank,
                 staging_dir(os.fspath(log_dir), self.rank) / self.run_id,
-                interval_s=flush_interval_s,
-                storage_options=storage_options,
+                interval_s=writer.flush_interval_s,
+                storage_options=writer.storage_options,
             )
             log_dir = self._uploader.staging.parent
         self.log_dir = Path(log_dir)
@@ -171,7 +184,7 @@ class Monitor:
             notify = Notifier(notify)  # a URL: checked here, on every rank (ValueError, one line)
         self.notifier = notify if self.rank == 0 else None
         if not enabled:
-            self._info = RunInfo(self.run_dir / RUN_FILE, fields, writes=False)
+            self._info = RunFile(self.run_dir / RUN_FILE, fields, writes=False)
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         remote_refused = ""
@@ -180,10 +193,10 @@ class Monitor:
         self._writer = ParquetStreamWriter(
             self.run_dir,
             self.rank,
-            flush_interval_s=flush_interval_s,
-            flush_rows=flush_rows,
-            max_pending_rows=max_pending_rows,
-            compact_parts=32 if compact else 0,
+            flush_interval_s=writer.flush_interval_s,
+            flush_rows=writer.flush_rows,
+            max_pending_rows=writer.max_pending_rows,
+            compact_parts=writer.compact_parts,
             refused=remote_refused,
         )
         if self._uploader is not None and not remote_refused:
@@ -196,7 +209,7 @@ class Monitor:
                 stacklevel=2,
             )
         writes = self.rank == 0 and not self._writer.refused
-        self._info = RunInfo(self.run_dir / RUN_FILE, fields, writes=writes, owner=self)
+        self._info = RunFile(self.run_dir / RUN_FILE, fields, writes=writes, owner=self)
 
     # ------------------------------------------------------------------ attach
     def watch(

@@ -25,8 +25,8 @@ import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
+from sorl_monitor.settings import check_setting
 from sorl_monitor.warn import WarnOnce
-from sorl_monitor.writer import check_setting
 
 ALERT_SEVERITIES = ("warning", "critical")
 """Alert severities that are posted (``info`` alerts are not)."""

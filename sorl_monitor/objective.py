@@ -20,8 +20,8 @@ the same functions the monitor logs with::
     λ       ← 2λ if c̄_batch > 1.5·target,  λ/2 if c̄_batch < target/1.5,  within [low, high]  (``AdaptiveCtnCoef``)
 
 SO-PPO is the turn-level ρ with CTN on a critic's turn advantage; SO-GRPO the turn-level ρ with CTN on the
-group advantage taken per turn (``turn_group_advantages``). CTN's ``λ · clip_fraction · KL`` is the seed's
-form of the paper's clipping-bias normalizer, which is not public (an interpretation).
+group advantage taken per turn (``turn_group_advantages``). CTN's ``λ · clip_fraction · KL`` is our
+interpretation of the paper's clipping-bias normalizer, which is not public.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ from sorl_monitor.metrics import (
 )
 
 TURN_RATIO_FORMS = ("geomean", "mean")
-"""``w̄_k``'s forms: geometric (``exp(mean log r)``, the default) and arithmetic (``mean r``)."""
+"""``w̄_k``'s forms: geometric (``exp(mean log r)``, the default) and arithmetic (``mean r``, what the monitor
+logs); docs/schema.md, "The turn ratio"."""
 
 __all__ = [
     "TURN_RATIO_FORMS",

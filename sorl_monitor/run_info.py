@@ -1,4 +1,4 @@
-"""A run's identity and its ``run.json``, kept by the process that owns the run (``RunInfo``).
+"""A run's identity and its ``run.json``, kept by the process that owns the run (``RunFile``).
 
 ``run.json``'s status: ``running`` from the start; ``finished`` on ``close()``, ``failed`` on an uncaught
 exception, ``interrupted`` on Ctrl-C (``KeyboardInterrupt``), ``terminated`` on SIGTERM (what SLURM,
@@ -116,7 +116,7 @@ class RunOwner(Protocol):
     def close(self, status: str | None = None, *, compact: bool = True) -> None: ...
 
 
-_OPEN: weakref.WeakSet[RunInfo] = weakref.WeakSet()
+_OPEN: weakref.WeakSet[RunFile] = weakref.WeakSet()
 """The open runs of this process (flushed on SIGTERM, closed in a forked child)."""
 _sigterm: dict[str, Any] = {"pid": None, "previous": None, "received": False}
 """Our SIGTERM handler: the process it is installed in, the handler it chains to, whether SIGTERM came."""
@@ -132,7 +132,7 @@ def ending_status(exc_type: type[BaseException] | None) -> str:
     return "interrupted" if issubclass(exc_type, KeyboardInterrupt) else "failed"
 
 
-class RunInfo:
+class RunFile:
     """``run.json`` of one run: its ``fields``, rewritten whole (atomically) on each change when ``writes``.
 
     With an ``owner``, the run is watched until ``close()``: at exit the owner is closed with

@@ -37,7 +37,7 @@ STEP_METRICS = [
     "loss", "pg_loss", "vf_loss", "ctn_penalty", "ctn_coef", "lr",
     # token-level IS ratio r_t = π_θ/π_old
     "ratio_mean", "ratio_min", "ratio_max", "ratio_p01", "ratio_p99", "log_ratio_std",
-    # turn-level IS ratio w̄_k = mean_{t∈k} r_t, and the sequence geometric mean
+    # turn-level IS ratio w̄_k, arithmetic form mean_{t∈k} r_t (turn_geo_*: geometric), and the sequence ratio
     "turn_ratio_mean", "turn_ratio_max", "turn_ratio_min", "turn_geo_ratio_mean", "turn_log_ratio_sum_max",
     "seq_ratio_mean",
     # clipping

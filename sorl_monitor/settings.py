@@ -2,12 +2,15 @@
 
 ``DetectorConfig``, ``PostmortemConfig`` and ``TrainConfig`` take their values through ``coerce``: a TOML
 value as it is (checked), or the text after ``--set name=`` converted to the field's annotated type.
+``check_setting`` is the one range check of a keyword setting (the monitor's, the writer's, the notifier's,
+a query's limits).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -123,3 +126,28 @@ def read_toml(path: str | Path, table: str) -> dict[str, Any]:
     if not isinstance(settings, dict):
         raise ValueError(f"{path}: [{table}] must be a table of settings")
     return settings
+
+
+def check_setting(
+    name: str, value: object, *, above: float | None = None, least: float | None = None, integer: bool = False
+) -> None:
+    """``ValueError`` naming the setting unless ``value`` is a finite number (an integer where ``integer``)
+    ``> above`` and ``>= least``."""
+    kind = numbers.Integral if integer else numbers.Real
+    ok = isinstance(value, kind) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (above is None or value > above) and (least is None or value >= least)
+    if not ok:
+        bound = f"> {above:g}" if above is not None else f">= {least:g}"
+        raise ValueError(f"{name} must be {'an integer' if integer else 'a number'} {bound}, not {value!r}")
+
+
+def check_writer_settings(
+    flush_interval_s: float, flush_rows: int, max_pending_rows: int, compact_parts: int, compact_rows: int
+) -> None:
+    """``ValueError`` on a writer setting that cannot work (e.g. ``flush_interval_s=0`` busy-loops)."""
+    check_setting("flush_interval_s", flush_interval_s, above=0)
+    check_setting("flush_rows", flush_rows, least=1, integer=True)
+    check_setting("max_pending_rows", max_pending_rows, least=1, integer=True)
+    check_setting("compact_rows", compact_rows, least=1, integer=True)
+    if compact_parts != 0:
+        check_setting("compact_parts (0 turns compaction off)", compact_parts, least=2, integer=True)

@@ -16,12 +16,11 @@ import collections
 import contextlib
 import fcntl
 import json
-import math
-import numbers
 import os
 import socket
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sorl_monitor.schema import conform, part_range
+from sorl_monitor.settings import check_writer_settings
 
 _STOP = object()
 
@@ -39,31 +39,6 @@ def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str))
     os.replace(tmp, path)
-
-
-def check_setting(
-    name: str, value: object, *, above: float | None = None, least: float | None = None, integer: bool = False
-) -> None:
-    """``ValueError`` naming the setting unless ``value`` is a finite number (an integer where ``integer``)
-    ``> above`` and ``>= least``."""
-    kind = numbers.Integral if integer else numbers.Real
-    ok = isinstance(value, kind) and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and (above is None or value > above) and (least is None or value >= least)
-    if not ok:
-        bound = f"> {above:g}" if above is not None else f">= {least:g}"
-        raise ValueError(f"{name} must be {'an integer' if integer else 'a number'} {bound}, not {value!r}")
-
-
-def check_writer_settings(
-    flush_interval_s: float, flush_rows: int, max_pending_rows: int, compact_parts: int, compact_rows: int
-) -> None:
-    """``ValueError`` on a writer setting that cannot work (e.g. ``flush_interval_s=0`` busy-loops)."""
-    check_setting("flush_interval_s", flush_interval_s, above=0)
-    check_setting("flush_rows", flush_rows, least=1, integer=True)
-    check_setting("max_pending_rows", max_pending_rows, least=1, integer=True)
-    check_setting("compact_rows", compact_rows, least=1, integer=True)
-    if compact_parts != 0:
-        check_setting("compact_parts (0 turns compaction off)", compact_parts, least=2, integer=True)
 
 
 _ARROW_TYPES = {
@@ -125,6 +100,42 @@ class WriterStats:
     last_error: str = ""
 
 
+COMPACT_PARTS = 32
+"""Parts of one level merged into one by compaction (``ParquetStreamWriter.compact_parts``'s default)."""
+
+
+@dataclass(frozen=True)
+class WriterConfig:
+    """How a ``Monitor`` writes its rows: ``Monitor(log_dir, writer=WriterConfig(flush_interval_s=0.5))``.
+
+    Each field is also a keyword of ``Monitor`` (``Monitor(log_dir, flush_interval_s=0.5)``). A setting that
+    cannot work (``flush_interval_s <= 0``, ``flush_rows < 1``, …) raises ``ValueError`` when it is made.
+    """
+
+    flush_interval_s: float = 2.0
+    """Seconds between flushes: rows reach disk at least this often (a crash loses at most this much)."""
+    flush_rows: int = 200_000
+    """A table with this many queued rows is flushed at once, before ``flush_interval_s``."""
+    max_pending_rows: int = 4_000_000
+    """Rows queued across tables before new ones are dropped and counted (``Monitor.writer_stats``)."""
+    compact: bool = True
+    """Merge small part files into ``part-A-B.parquet`` as they pile up (``COMPACT_PARTS`` of one level)
+    and at close; ``False`` keeps every flush's part."""
+    storage_options: Mapping[str, str] | None = None
+    """For a ``log_dir`` in object storage (``s3://bucket/prefix``): endpoint and credentials
+    (``storage.filesystem``); ``None``: the usual AWS environment variables."""
+
+    def __post_init__(self) -> None:
+        check_writer_settings(
+            self.flush_interval_s, self.flush_rows, self.max_pending_rows, self.compact_parts, 1
+        )
+
+    @property
+    def compact_parts(self) -> int:
+        """``ParquetStreamWriter``'s ``compact_parts``: ``COMPACT_PARTS``, or 0 (compaction off)."""
+        return COMPACT_PARTS if self.compact else 0
+
+
 class ParquetStreamWriter:
     """Background writer of one rank's tables under ``run_dir``.
 
@@ -156,7 +167,7 @@ class ParquetStreamWriter:
         flush_rows: int = 200_000,
         max_pending_rows: int = 4_000_000,
         compression: str = "snappy",
-        compact_parts: int = 32,
+        compact_parts: int = COMPACT_PARTS,
         compact_rows: int = 1_000_000,
         refused: str = "",
     ) -> None:

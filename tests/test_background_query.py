@@ -8,7 +8,7 @@ import pytest
 
 from sorl_monitor.background_query import BackgroundQuery
 from sorl_monitor.query import QueryError, open_runs
-from tests.conftest import write_run
+from tests.helpers.runs import write_run
 
 RUNAWAY = (
     "SELECT sum(a.step * b.step * c.step * d.step * e.step) FROM turns a, turns b, turns c, turns d, turns e"

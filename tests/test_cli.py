@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sorl_monitor.cli.main import app
-from tests.conftest import write_run
+from tests.helpers.runs import write_run
 
 runner = CliRunner()
 

@@ -1,6 +1,6 @@
 """``log_update`` with its host copy still in flight (docs/attach.md, "No sync in the training step").
 
-On the CPU every copy lands at once; ``tests.deferred_copy.hold`` makes each one wait for the test (a
+On the CPU every copy lands at once; ``tests.helpers.deferred_copy.hold`` makes each one wait for the test (a
 stand-in for a CUDA event whose copy is still queued), so the deferred path runs here as it would on a
 GPU. All inputs are synthetic (random log-probs and gradients)."""
 
@@ -20,7 +20,7 @@ from sorl_monitor import Monitor, transfer
 from sorl_monitor.in_flight import MAX_IN_FLIGHT
 from sorl_monitor.metrics import update_metrics
 from sorl_monitor.query import open_runs
-from tests.deferred_copy import hold, small_model, synthetic_update
+from tests.helpers.deferred_copy import hold, small_model, synthetic_update
 
 ROOT = Path(__file__).resolve().parents[1]
 VARYING = {"wall_time", "monitor_ms", "run_id"}  # differ between two runs of the same inputs
@@ -207,7 +207,7 @@ def test_watch_every_k_measures_module_norms_on_every_kth_update(tmp_path):
 
 def test_sigterm_writes_the_rows_of_updates_whose_copies_are_still_in_flight(tmp_path):
     child = subprocess.Popen(
-        [sys.executable, "-m", "tests.deferred_child", str(tmp_path), "3"],
+        [sys.executable, "-m", "tests.helpers.deferred_child", str(tmp_path), "3"],
         env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     deadline = time.monotonic() + 120

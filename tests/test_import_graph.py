@@ -1,4 +1,6 @@
-"""No import cycle among ``sorl_monitor``'s own modules, and every module imports in a fresh interpreter.
+"""No import cycle among ``sorl_monitor``'s own modules, every module imports in a fresh interpreter, and the
+layering of docs/architecture.md holds: the write path never imports the read path, the read path never
+imports ``integrations``.
 
 The graph is read from the source (``ast``), over the packages ``pyproject.toml`` installs: an edge
 ``a → b`` for each ``import b`` / ``from b import x`` in ``a`` (at any depth, lazy imports included), where
@@ -92,6 +94,74 @@ def import_graph() -> dict[str, set[str]]:
     return {name: imported_modules(name, file, set(modules)) for name, file in modules.items()}
 
 
+WRITE_PATH = ("metrics", "monitor", "writer", "transfer", "module_tracker", "run_info")
+"""The write path's modules (docs/architecture.md): what a trainer imports to log."""
+READ_PATH = (
+    "query",
+    "sql_sandbox",
+    "ranks",
+    "logs",
+    "step_rows",
+    "detectors",
+    "postmortem",
+    "live",
+    "timeline",
+    "figures",
+    "report",
+    "background_query",
+    "verdict_table",
+    "fleet",
+)
+"""The read path's modules and packages (each package with its submodules)."""
+
+
+def on_path(module: str, path: tuple[str, ...]) -> bool:
+    """Whether ``module`` (a full name) is one of ``path``'s modules or inside one of its packages."""
+    name = module.removeprefix("sorl_monitor.")
+    return any(name == part or name.startswith(part + ".") for part in path)
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module ``start`` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for target in graph[todo.pop()] - seen:
+            seen.add(target)
+            todo.append(target)
+    return seen
+
+
+def test_the_write_path_never_imports_the_read_path():
+    graph = import_graph()
+    crossings = {
+        name: sorted(m for m in reachable(graph, name) if on_path(m, READ_PATH))
+        for name in graph
+        if on_path(name, WRITE_PATH)
+    }
+    assert len(crossings) == len(WRITE_PATH)
+    assert {name: found for name, found in crossings.items() if found} == {}
+
+
+def test_the_read_path_never_imports_integrations():
+    graph = import_graph()
+    read_modules = [name for name in graph if on_path(name, READ_PATH)]
+    assert "sorl_monitor.logs.ingest" in read_modules and "sorl_monitor.figures.overview" in read_modules
+    crossings = {
+        name: sorted(m for m in reachable(graph, name) if on_path(m, ("integrations",)))
+        for name in read_modules
+    }
+    assert {name: found for name, found in crossings.items() if found} == {}
+
+
+def test_the_layering_check_finds_a_crossing():
+    graph = {"sorl_monitor.monitor": {"sorl_monitor.names"}, "sorl_monitor.names": {"sorl_monitor.query"}}
+    graph["sorl_monitor.query"] = set()
+    found = [m for m in reachable(graph, "sorl_monitor.monitor") if on_path(m, READ_PATH)]
+    assert found == ["sorl_monitor.query"]
+    assert not on_path("sorl_monitor.query_plan", READ_PATH) and on_path("sorl_monitor.logs.hf", READ_PATH)
+
+
 def test_the_package_has_no_import_cycle():
     graph = import_graph()
     assert "sorl_monitor.detectors" in graph and "sorl_monitor.cli.main" in graph
@@ -129,3 +199,24 @@ def test_every_module_imports_in_a_fresh_interpreter():
     )
     done = subprocess.run([sys.executable, "-c", script, *order], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+QUERY_LAYER_MAY_IMPORT = {
+    "sorl_monitor.query_errors": set(),
+    "sorl_monitor.catalog": {"sorl_monitor.query_errors"},
+    "sorl_monitor.views": {"sorl_monitor.query_errors"},
+    "sorl_monitor.user_sql": {"sorl_monitor.query_errors", "sorl_monitor.views"},
+}
+"""The query layer's modules below ``query`` and which of the layer's modules each may import (its map in
+docs/architecture.md): the catalog never builds views, the views never list folders."""
+
+
+def test_the_query_layer_imports_only_downward():
+    graph = import_graph()
+    layer = {*QUERY_LAYER_MAY_IMPORT, "sorl_monitor.query"}
+    for module, allowed in QUERY_LAYER_MAY_IMPORT.items():
+        assert graph[module] & layer <= allowed, module
+    outside = {
+        name for name, targets in graph.items() if name not in layer and targets & set(QUERY_LAYER_MAY_IMPORT)
+    }
+    assert outside == set(), "outside the query layer, import sorl_monitor.query (the facade)"

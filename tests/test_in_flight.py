@@ -1,6 +1,6 @@
 """``in_flight.InFlight``: entries finish in the order they were added, only once their copy has landed.
 
-The copies are stand-ins (``tests.deferred_copy.HeldEvent`` behind a real ``transfer.HostCopy`` of CPU
+The copies are stand-ins (``tests.helpers.deferred_copy.HeldEvent`` behind a real ``transfer.HostCopy`` of CPU
 tensors), so the order and waiting rules run here as they would with CUDA events."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 
 from sorl_monitor import transfer
 from sorl_monitor.in_flight import InFlight
-from tests.deferred_copy import HeldEvent
+from tests.helpers.deferred_copy import HeldEvent
 
 
 def held_copy(value: float) -> tuple[transfer.HostCopy, HeldEvent]:

@@ -9,10 +9,10 @@ import warnings
 import pytest
 import torch
 
-from sorl_monitor import Monitor, MonitorWarning
+from sorl_monitor import Monitor, MonitorWarning, WriterConfig
 from sorl_monitor.module_tracker import module_group
 from sorl_monitor.query import open_runs
-from tests.conftest import write_run
+from tests.helpers.runs import write_run
 
 
 def test_one_update_writes_steps_turns_and_modules(tmp_path):
@@ -161,3 +161,26 @@ def test_a_user_built_monitor_records_torchs_seed_in_a_form_every_reader_takes(t
     with open_runs(tmp_path) as runs:
         seeds = runs.sql("SELECT run_id, seed FROM runs ORDER BY run_id").to_pylist()
     assert seeds == [{"run_id": "seeded", "seed": 7}, {"run_id": "unseeded", "seed": -5}]
+
+
+def test_writer_settings_come_from_a_writer_config_and_a_keyword_replaces_its_field(tmp_path):
+    config = WriterConfig(flush_rows=7, compact=False)
+    with Monitor(tmp_path, "grouped", writer=config, flush_interval_s=0.5) as mon:
+        assert mon.writer_config == WriterConfig(flush_interval_s=0.5, flush_rows=7, compact=False)
+        assert (mon._writer.flush_rows, mon._writer.flush_interval_s, mon._writer.compact_parts) == (
+            7,
+            0.5,
+            0,
+        )
+    with Monitor(tmp_path, "defaults") as mon:
+        assert mon.writer_config == WriterConfig()
+        assert mon._writer.compact_parts > 0
+
+
+@pytest.mark.parametrize("setting", [{"flush_interval_s": 0}, {"flush_rows": 0}, {"max_pending_rows": 1.5}])
+def test_a_writer_setting_that_cannot_work_is_refused_as_a_keyword_and_in_a_writer_config(tmp_path, setting):
+    name = next(iter(setting))
+    with pytest.raises(ValueError, match=name):
+        Monitor(tmp_path, "bad-keyword", **setting)
+    with pytest.raises(ValueError, match=name):
+        WriterConfig(**setting)

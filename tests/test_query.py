@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from sorl_monitor.query import CorruptPartWarning, QueryError, metric_summary, open_runs, run_overview
-from tests.conftest import write_run
+from tests.helpers.runs import write_run
 
 
 def test_views_span_several_runs_with_different_extra_columns(tmp_path):
@@ -139,8 +139,17 @@ INTERRUPTED_QUERY = """
 import os, signal, sys, threading, time
 from sorl_monitor.query import open_runs
 runs = open_runs(sys.argv[1])
-threading.Thread(target=lambda: (time.sleep(0.5), os.kill(os.getpid(), signal.SIGINT)), daemon=True).start()
+started = threading.Event()
+def interrupt():  # Ctrl-C once the query runs, again every 2 s in case a slow machine had not reached it yet
+    started.wait()
+    while True:
+        time.sleep(0.5 if not interrupt.sent else 2.0)
+        interrupt.sent = True
+        os.kill(os.getpid(), signal.SIGINT)
+interrupt.sent = False
+threading.Thread(target=interrupt, daemon=True).start()
 try:
+    started.set()
     runs.sql("SELECT sum(i * i) FROM range(20000000000) t(i)")  # minutes of work: the signal lands inside
 except KeyboardInterrupt:
     print("KeyboardInterrupt")
@@ -151,6 +160,6 @@ def test_ctrl_c_during_a_query_is_a_keyboard_interrupt_not_a_crash(tmp_path):
     write_run(tmp_path, "r")
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(INTERRUPTED_QUERY), str(tmp_path)],
-        cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=60,
+        cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.stdout.strip() == "KeyboardInterrupt", done.stdout + done.stderr

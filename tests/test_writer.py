@@ -38,7 +38,7 @@ def test_sigkill_mid_run_keeps_every_flushed_part_readable(tmp_path):
     run = tmp_path / "crash"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.stream_rows", str(tmp_path), "crash", "0.1"], env=env
+        [sys.executable, "-m", "tests.helpers.stream_rows", str(tmp_path), "crash", "0.1"], env=env
     )
     try:
         wait_for(lambda: len(parts(run)) >= 5, timeout=120)  # the child starts slowly on a busy machine

@@ -24,9 +24,9 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sorl_monitor.integrations.names import names_for
 from sorl_monitor.integrations.verl import config_dict
 from sorl_monitor.monitor import Monitor
+from sorl_monitor.names import names_for
 from sorl_monitor.warn import WarnOnce, warn
 
 Names = str | Mapping[str, str] | None

@@ -35,10 +35,10 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.hooks import RemovableHandle
 
 from sorl_monitor.integrations.batches import TokenBatch, concat_batches, log_batch
-from sorl_monitor.integrations.names import TAP_MEASURED, map_metrics, names_for
 from sorl_monitor.logs.ingest import IngestReport, ingest_lines
 from sorl_monitor.logs.verl import parse_record
 from sorl_monitor.monitor import Monitor
+from sorl_monitor.names import TAP_MEASURED, map_metrics, names_for
 from sorl_monitor.warn import WarnOnce, warn
 
 VERL_LOSS_PARAMETERS = (

@@ -4,7 +4,7 @@
     detect_format("logs/events.out.tfevents.1700000000.host")      # → "tensorboard"
 
 Each reader keeps one row per logged training step, with metric names mapped to ``steps`` columns by
-``integrations.names.map_metrics`` (unknown names kept, snake-cased). Nothing is written anywhere: the
+``names.map_metrics`` (unknown names kept, snake-cased). Nothing is written anywhere: the
 query layer (``query.RunSet``) holds these runs in memory next to Parquet runs. docs/logs.md has what
 each reader reads and leaves out.
 """
@@ -16,11 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sorl_monitor.integrations.names import OLDER_NAMES
 from sorl_monitor.logs import csvlog, hf, hf_console, jsonl, mlflow, tensorboard, verl, verl_console, wandb
 from sorl_monitor.logs.detect import detect_file, detect_folder, is_run_dir
 from sorl_monitor.logs.options import LogOptions, apply_names, source_column
 from sorl_monitor.logs.table import ForeignRun, LogFormatError, LogWarning, run_name, unique_ids
+from sorl_monitor.names import OLDER_NAMES
 
 FORMATS = (
     "sorl",

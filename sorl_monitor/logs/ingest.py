@@ -14,21 +14,23 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from sorl_monitor.integrations.names import guess_family, map_metrics
+import pyarrow.compute as pc
+
+from sorl_monitor.logs import LogSource, fingerprint, read_source
 from sorl_monitor.logs.guards import json_loads
+from sorl_monitor.logs.options import LogOptions
 from sorl_monitor.logs.table import (
     DROPPED_COLUMNS,
     ForeignRun,
+    LogFormatError,
     flat_record,
     step_column,
     without_trainer_prefix,
 )
+from sorl_monitor.names import guess_family, map_metrics
 from sorl_monitor.schema import KEYS
-
-if TYPE_CHECKING:
-    from sorl_monitor.monitor import Monitor
 
 LINE_FORMATS = ("verl", "jsonl")
 """Formats ingested line by line (and followed as they grow)."""
@@ -36,6 +38,16 @@ FLUSH_EVERY_ROWS = 1000
 """Rows between flushes while a long file is read: back-pressure, so the writer's queue never overflows."""
 
 LineParser = Callable[[bytes], tuple[int, dict[str, Any]]]
+
+
+class ScalarSink(Protocol):
+    """Where ingest writes its rows: a ``Monitor`` (these two methods are all ingest calls)."""
+
+    def log_scalars(
+        self, step: int | None, scalars: Mapping[str, Any], *, names: str | Mapping[str, str] | None = ...
+    ) -> None: ...
+
+    def flush(self, timeout: float = ...) -> bool: ...
 
 
 @dataclass
@@ -109,7 +121,7 @@ def _names_in(path: str | os.PathLike[str], parse: LineParser) -> set[str]:
 
 def ingest_lines(
     path: str | os.PathLike[str],
-    monitor: Monitor,
+    monitor: ScalarSink,
     parse: LineParser,
     *,
     family: str | Mapping[str, str] | None = "auto",
@@ -277,7 +289,7 @@ class _LineReader:
         self.handle.close()
 
 
-def ingest_run(run: ForeignRun, monitor: Monitor, after_step: int = -1) -> IngestReport:
+def ingest_run(run: ForeignRun, monitor: ScalarSink, after_step: int = -1) -> IngestReport:
     """Write the rows of a run read whole (its names already mapped) with ``step > after_step``."""
     report = IngestReport()
     metrics = [name for name in run.steps.column_names if name not in KEYS]
@@ -293,3 +305,79 @@ def ingest_run(run: ForeignRun, monitor: Monitor, after_step: int = -1) -> Inges
     report.lines = run.steps.num_rows
     monitor.flush()
     return report
+
+
+@dataclass
+class RunProgress:
+    """One run a whole-log ingest writes: where its rows go, the step it resumed after (−1: a new run), the
+    last step written and what was written so far."""
+
+    sink: ScalarSink
+    after_step: int
+    last_step: int
+    report: IngestReport = field(default_factory=IngestReport)
+
+
+def ingest_whole_log(
+    source: LogSource,
+    open_run: Callable[[str, ForeignRun], tuple[ScalarSink, int]],
+    written: dict[str, RunProgress],
+    *,
+    options: LogOptions | None = None,
+    run_name: str | None = None,
+    follow: bool = False,
+    idle_timeout_s: float | None = None,
+    poll_s: float = 0.5,
+    stop: threading.Event | None = None,
+) -> str | None:
+    """Read a log whole and write each of its runs' steps after the last one already written; with ``follow``,
+    read it again whenever its files change (``fingerprint``) until ``stop`` is set or nothing changes for
+    ``idle_timeout_s``. A followed log that does not read (a ``trainer_state.json`` caught half written) is
+    read again at its next change.
+
+    ``open_run(name, run)`` gives the sink of a run met for the first time and the last step it already holds;
+    ``written`` (run name → ``RunProgress``) is filled as runs are opened, so the caller closes every sink
+    even when this raises. ``run_name`` names the one run of the log. Returns why the log's last change did
+    not read (None when it read).
+    """
+    stop = stop or threading.Event()
+    unread: str | None = None
+    try:
+        runs = read_source(source, options)
+    except LogFormatError as error:
+        if not follow:
+            raise
+        runs, unread = [], str(error)
+    if run_name is not None and len(runs) > 1:
+        raise ValueError(f"{source.path} holds {len(runs)} runs; --run names one run")
+    stamp = fingerprint(source)
+    while True:
+        for foreign in runs:
+            name = run_name or foreign.run_id
+            if name not in written:
+                sink, after = open_run(name, foreign)
+                written[name] = RunProgress(sink, after, after)
+            progress = written[name]
+            report = ingest_run(foreign, progress.sink, progress.last_step)
+            progress.report.rows += report.rows
+            if progress.last_step == progress.after_step:
+                progress.report.already_ingested += report.already_ingested
+            if report.rows:
+                progress.last_step = max(progress.last_step, pc.max(foreign.steps.column("step")).as_py())
+        if not follow:
+            return unread
+        idle_since = time.monotonic()  # idle from the end of this read, not from its start
+        while not stop.is_set():
+            time.sleep(poll_s)
+            if (now := fingerprint(source)) != stamp:
+                stamp, idle_since = now, time.monotonic()
+                try:
+                    runs, unread = read_source(source, options), None
+                except LogFormatError as error:
+                    unread = str(error)  # half written: read again at its next change
+                    continue
+                break
+            if idle_timeout_s is not None and time.monotonic() - idle_since > idle_timeout_s:
+                stop.set()
+        if stop.is_set():
+            return unread

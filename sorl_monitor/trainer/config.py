@@ -89,9 +89,9 @@ class TrainConfig:
     gae_lambda: float = 1.0
     whiten: bool = True
     turn_ratio: str = "geomean"
-    """geomean: w̄_k = exp(mean_t log r_t) | mean: mean_t r_t (the arithmetic mean, as in docs/schema.md). With the mean, one
-    outlier token (r_t ≈ 400 is routine with stale rollouts) lifts its whole turn's ratio; the geometric mean
-    kept grad norms an order of magnitude lower, so it is the default (a measured choice, not the paper's)."""
+    """geomean: the geometric form w̄_k = exp(mean_t log r_t) | mean: the arithmetic form mean_t r_t, the one the
+    monitor logs (both: docs/schema.md, "The turn ratio"). With the mean, one outlier token lifts its whole
+    turn's ratio; the geometric mean damps it. Default geomean (why: docs/trainer.md)."""
     temperature: float = 1.0
     warmstart_steps: int = 300
     warmstart_error_rate: float = 0.4

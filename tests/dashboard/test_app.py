@@ -11,10 +11,10 @@ import pytest
 
 from sorl_monitor import Monitor
 from sorl_monitor.dashboard import sql_view
-from sorl_monitor.dashboard.settings import SQL_TIMEOUT_ENV
+from sorl_monitor.dashboard.launch_settings import SQL_TIMEOUT_ENV
 from sorl_monitor.postmortem import postmortem
 from sorl_monitor.query import open_runs
-from tests.dashboard.conftest import (
+from tests.helpers.dashboard_app import (
     GUARDED,
     STABLE,
     assert_clean,
@@ -23,8 +23,8 @@ from tests.dashboard.conftest import (
     page_text,
     wait_for_verdicts,
 )
-from tests.detectors.synthetic import stable_rows, write_rows
-from tests.logs.test_cli_logs import hf_history
+from tests.helpers.log_writers import hf_history
+from tests.helpers.synthetic import stable_rows, write_rows
 
 BOTH = [GUARDED, STABLE]
 

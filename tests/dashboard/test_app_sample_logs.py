@@ -12,7 +12,7 @@ import pytest
 
 from sorl_monitor.postmortem import label_collapse
 from sorl_monitor.query import open_runs
-from tests.dashboard.conftest import charts, open_app, page_text, wait_for_verdicts
+from tests.helpers.dashboard_app import charts, open_app, page_text, wait_for_verdicts
 
 SAMPLE_LOGS = Path(__file__).resolve().parents[2] / "sample_logs"
 VIEWS = ("Overview", "Turns", "Gradients", "Alerts & verdict")
@@ -50,3 +50,14 @@ def test_a_healthy_sample_run_shows_healthy_without_a_root_cause(monkeypatch):
     alerts = wait_for_verdicts(open_app(monkeypatch, SAMPLE_LOGS, view="Alerts & verdict", runs=[healthy[0]]))
     text = page_text(alerts)
     assert "[**Healthy**]" in text and "Root cause" not in text and "**Remedy:**" not in text
+
+
+def test_a_run_removed_from_the_picker_stays_removed(monkeypatch):
+    """The first page's run (or a link's) is a choice the viewer can undo: picking another run replaces it."""
+    app = open_app(monkeypatch, SAMPLE_LOGS)
+    first = app.multiselect(key="runs").value
+    other = next(run_id for run_id in app.multiselect(key="runs").options if run_id not in first)
+    app.multiselect(key="runs").set_value([other]).run()
+    assert app.multiselect(key="runs").value == [other]
+    app.run()
+    assert app.multiselect(key="runs").value == [other]

@@ -20,11 +20,9 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from tests.dashboard.test_live_browser import (
+from tests.helpers.browser import (
     ARGS,
     CHROMIUM,
-    ROOT,
-    SAMPLE_LOGS,
     drawn_chart,
     main_text,
     screenshot,
@@ -32,11 +30,8 @@ from tests.dashboard.test_live_browser import (
     stop,
     wait_until,
 )
+from tests.helpers.paths import NINE_B, SAMPLE_LOGS
 
-NINE_B = (
-    ROOT.parent / "shared" / "real_logs" / "trl-grpo-qwen3.5-9b-rho-sweep" / "rho0.70_seed44.step_logs.json"
-)
-"""The 9B TRL GRPO run its authors label collapsed (outside the repository: skipped where it is absent)."""
 VIEWS = (("Overview", "overview"), ("Turns", "turn-heatmap"), ("Gradients", "module-norms"))
 
 pytestmark = [

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from sorl_monitor.cli import dashboard as dashboard_cli
 from sorl_monitor.cli.main import app
-from sorl_monitor.dashboard.settings import (
+from sorl_monitor.dashboard.launch_settings import (
     CONFIG_ENV,
     LOG_DIR_ENV,
     OVERRIDES_ENV,

@@ -19,7 +19,7 @@ from sorl_monitor.figures.style import MISSING_CELL, RUN_COLORS, SEVERITY_STYLE
 from sorl_monitor.figures.turns import StepRatios, ratio_distribution_figure, turn_heatmap_figure
 from sorl_monitor.live import LiveRuns
 from sorl_monitor.timeline import Timeline, family_of
-from tests.dashboard.conftest import GUARDED, STABLE
+from tests.helpers.dashboard_app import GUARDED, STABLE
 
 
 def steps_table(n: int = 50, **columns: np.ndarray) -> pa.Table:

@@ -10,94 +10,42 @@
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = Path("/usr/bin/chromium")
-ARTIFACTS = ROOT / "test-artifacts"
-SAMPLE_LOGS = ROOT / "sample_logs"
-ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-    "--disable-sync", "--no-first-run",
-]  # fmt: skip
+from tests.helpers.browser import (
+    ARGS,
+    CHART,
+    CHROMIUM,
+    drawn_chart,
+    main_text,
+    screenshot,
+    start,
+    start_dashboard,
+    stop,
+    wait_until,
+)
+from tests.helpers.paths import SAMPLE_LOGS
+
 RUN = "live-ppo"
 STATUS = re.compile(rf"{RUN} · ppo · live · step (\d+)")
 CROSS_JOIN = "SELECT count(*) FROM turns a, turns b, turns c"
 SQL_LIMIT_S = 30
 """The SQL tab's time limit in the sample dashboard: far above the overview's drawing time on a loaded
 machine (16 s seen with a load of 17 on 2 cores), so the overview draws while the cross join still runs."""
-CHART = ".st-key-{key} iframe"
-"""The iframe of the live chart called ``key``."""
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.browser,
     pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium is not installed at /usr/bin/chromium"),
 ]
-
-
-def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(0.2)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def listening(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-        return True
-    except OSError:
-        return False
-
-
-def start(args: list[str], log: Path) -> subprocess.Popen:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-    }
-    with log.open("w") as out:
-        return subprocess.Popen(
-            [sys.executable, *args], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
-        )
-
-
-def stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=5)
-
-
-def start_dashboard(log_dir: Path, log: Path, *extra: str) -> tuple[subprocess.Popen, int]:
-    port = free_port()
-    server = start(
-        ["-m", "sorl_monitor.cli.main", "dashboard", str(log_dir), "--port", str(port), *extra], log
-    )
-    wait_until(lambda: listening(port) or server.poll() is not None, 120, f"the dashboard on port {port}")
-    assert server.poll() is None, log.read_text()
-    return server, port
 
 
 @pytest.fixture(scope="module")
@@ -109,29 +57,12 @@ def browser() -> Iterator:
         chromium.close()
 
 
-def drawn_chart(page, key: str, timeout_s: float = 120):
-    """The frame of the live chart ``key`` once plotly drew it."""
-    page.frame_locator(CHART.format(key=key)).locator(".main-svg").first.wait_for(timeout=timeout_s * 1000)
-    return page.frame_locator(CHART.format(key=key))
-
-
 def chart_state(page, key: str, expression: str):
     """``expression`` evaluated on the chart ``key``'s plotly element (``chart``) inside its iframe."""
     frame = page.locator(CHART.format(key=key)).element_handle().content_frame()
     return frame.evaluate(
         f"(() => {{ const chart = document.getElementById('chart'); return {expression}; }})()"
     )
-
-
-def main_text(page) -> str:
-    """The text of the page's main area (the sidebar's run list refreshes more slowly)."""
-    return page.locator("[data-testid='stMain']").inner_text()
-
-
-def screenshot(page, name: str) -> None:
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.wait_for_timeout(800)
-    page.screenshot(path=str(ARTIFACTS / f"dashboard-{name}.png"), full_page=True)
 
 
 def open_view(page, view: str, key: str | None) -> None:
@@ -145,7 +76,7 @@ def test_a_zoom_survives_three_live_redraws_and_each_view_is_kept_as_a_screensho
     writer = start(
         [
             "-m",
-            "tests.dashboard.ppo_loop",
+            "tests.helpers.ppo_loop",
             str(log_dir),
             "--run-name",
             RUN,

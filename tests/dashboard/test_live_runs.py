@@ -15,9 +15,10 @@ from sorl_monitor import live as live_module
 from sorl_monitor.detectors import detect
 from sorl_monitor.live import LiveRuns, latest_reused_step
 from sorl_monitor.postmortem import label_collapse, postmortem
-from sorl_monitor.query import RunSet, open_runs
-from tests.dashboard.conftest import GUARDED
-from tests.detectors.synthetic import KEYS, PATTERNS, collapse_reward, stable_rows, write_rows
+from sorl_monitor.query import open_runs
+from sorl_monitor.views import Views
+from tests.helpers.dashboard_app import GUARDED
+from tests.helpers.synthetic import KEYS, PATTERNS, collapse_reward, stable_rows, write_rows
 
 TURN_CELLS_CHECK = """
 SELECT step, turn_idx, count(*) AS turns, avg(ratio_mean) AS ratio_mean, max(ratio_max) AS token_ratio_max
@@ -41,13 +42,13 @@ def log_updates(mon: Monitor, n: int, seed: int = 0) -> None:
 def files_read(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """A list that fills with every part file the query layer reads for ``LiveRuns`` from now on."""
     read: list[str] = []
-    original = RunSet._read_parts
+    original = Views.read_parts
 
     def recording(cursor, sql: str, files: list[str]) -> pa.Table:
         read.extend(files)
         return original(cursor, sql, files)
 
-    monkeypatch.setattr(RunSet, "_read_parts", staticmethod(recording))
+    monkeypatch.setattr(Views, "read_parts", staticmethod(recording))
     return read
 
 

@@ -17,7 +17,7 @@ from sorl_monitor.figures.panels import OVERVIEW_PANELS
 from sorl_monitor.live import RunInfo
 from sorl_monitor.postmortem import Verdict
 from sorl_monitor.timeline import alert_onsets
-from tests.dashboard.test_browser_story import NINE_B
+from tests.helpers.paths import NINE_B
 
 DEFAULTS = links.Choice(("b",), "Overview", "step", 0, ("KL",), ("ratio", "kl"))
 ALLOWED = {

@@ -18,7 +18,7 @@ from sorl_monitor import Monitor
 from sorl_monitor.cli.main import app
 from sorl_monitor.report import FIGURES_PER_RUN
 from sorl_monitor.writer import write_json_atomic
-from tests.detectors.synthetic import KEYS, ONSET, collapse_reward, pattern_rows, stable_rows, write_rows
+from tests.helpers.synthetic import KEYS, ONSET, collapse_reward, pattern_rows, stable_rows, write_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()

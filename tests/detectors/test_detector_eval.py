@@ -1,6 +1,6 @@
 """experiments/detector_eval.py: scoring, labels, first crossings, the threshold fit and its leave-one-setting-out
 scoring, the baselines' rules, the logging shapes (experiments/log_shapes.py) and the command line, on small
-SYNTHETIC corpora (tests/detectors/synthetic.py) and, where they are here, the real logs."""
+SYNTHETIC corpora (tests/helpers/synthetic.py) and, where they are here, the real logs."""
 
 from __future__ import annotations
 
@@ -16,8 +16,10 @@ import pytest
 
 from sorl_monitor.detectors import DetectorConfig
 from sorl_monitor.query import open_runs
-from tests.detectors.synthetic import (
+from tests.helpers.synthetic import (
+    ONSET,
     PATTERNS,
+    RISING_PATTERNS,
     collapse_reward,
     firing_level,
     grad_spike,
@@ -209,6 +211,23 @@ def test_collect_alarms_finds_a_brief_early_excursion_that_a_later_higher_one_do
     assert 300 <= detector_eval.first_crossing(series, critical, start=200) < 320
 
 
+def test_collect_alarms_counts_diverging_families_at_their_configured_warning_levels_synthetic(tmp_path):
+    """SYNTHETIC: entropy and length above their warning levels from ONSET, clip fraction and KL quiet: two
+    families, under ``diverging``'s critical count. (Probing the fitted detectors with their warnings at 0
+    counted the quiet clip and KL families too, and gave this run a critical ``diverging`` alarm.)"""
+    rows = stable_rows(400)
+    for row in rows[ONSET:]:
+        RISING_PATTERNS["entropy_rise"](row)
+        RISING_PATTERNS["length_rise"](row)
+    write_rows(tmp_path, "two-families", rows)
+    config = DetectorConfig()
+    assert config.diverging_critical >= 2  # two families must stay below the critical count
+    with open_runs(tmp_path) as runs:
+        found = detector_eval.collect_alarms(runs, config)
+    assert "two-families" not in found.unfitted
+    assert len(found.fitted["clip_rise"]["two-families"][0]) > 0  # the fitted values are still all reported
+
+
 def test_baselines_fire_as_their_rules_say_synthetic(tmp_path):
     """SYNTHETIC: a 10× grad spike at 200 (OLMo's 6σ), and a loss of 1 whose reward falls for 4 rows (no
     alarm) and then for good at 350 (llm-foundry's fifth consecutive outlier)."""
@@ -310,6 +329,17 @@ def test_leave_one_setting_out_scores_every_run_once_synthetic(loso_corpus):
     score = detector_eval.score_with("m", runs, found)
     assert sorted(fits) == ["a", "b", "c"] and len(found) == len(runs)
     assert (score.collapsing, score.detected, score.stable, score.false_alarms) == (3, 2, 2, 0)
+
+
+def test_a_row_deadline_moves_to_the_first_logged_row_at_or_after_the_fall_and_never_earlier():
+    rows = {"a": np.array([4.0, 9.0, 14.0]), "b": np.array([4.0, 9.0]), "c": np.array([4.0])}
+    runs = [run("a-s0", 8), run("b-s0", 9), run("c-s0", 8), run("calm-s0")]
+    for r, run_id in zip(runs, "abcd", strict=True):
+        r.run_id = run_id
+    moved = detector_eval.with_row_deadlines(runs, rows)
+    assert [r.deadline for r in moved] == [9, 9, 8, None]  # no row after the fall: the deadline stays
+    assert [r.deadline for r in detector_eval.with_row_deadlines(runs, None)] == [8, 9, 8, None]
+    assert runs[0].deadline == 8  # the runs given are not changed
 
 
 def test_the_alarm_matrix_takes_the_earliest_of_the_fitted_crossings_and_the_unfitted_alerts_synthetic():
@@ -433,7 +463,15 @@ def test_every_shape_scores_every_run_and_the_cut_logs_stop_early_synthetic(corp
     result = detector_eval.evaluate_corpus([str(corpus)], DetectorConfig(), log_shapes.SHAPES)
     assert list(result["by_shape"]) == list(log_shapes.SHAPES)
     for shape, scores in result["by_shape"].items():
-        assert [(s.collapsing, s.stable) for s in scores] == [(2, 2)] * 4, shape
+        assert [(s.collapsing, s.stable) for s in scores] == [(2, 2)] * 5, shape
+        assert scores[-1].method == detector_eval.ROW_DEADLINE
+
+
+def test_cli_fit_takes_only_critical_settings_with_a_one_line_error(tmp_path, capsys):
+    assert detector_eval.main(["--corpus", str(tmp_path), "--fit", "smooth_steps=4,8"]) == 2
+    assert detector_eval.main(["--corpus", str(tmp_path), "--fit", "no_such_critical=1"]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 2 and all(line.startswith("error: --fit ") for line in errors)
 
 
 def test_cli_prints_the_tables_and_writes_json_synthetic(corpus, tmp_path, capsys):
@@ -450,6 +488,7 @@ def test_cli_prints_the_tables_and_writes_json_synthetic(corpus, tmp_path, capsy
         "olmo_grad_spike",
         "foundry_spike",
         f"{detector_eval.LATE_PREFIX}{DetectorConfig().min_history_steps}",
+        detector_eval.ROW_DEADLINE,
     }
     assert sorted(payload["corpus"]["by_shape"]) == ["batch", "update"]
     assert sorted(payload["corpus"]["fits"]) == ["calm", "kl"]

@@ -23,7 +23,7 @@ from sorl_monitor.detectors import (
 )
 from sorl_monitor.postmortem import load_configs
 from sorl_monitor.query import open_runs
-from tests.detectors.synthetic import (
+from tests.helpers.synthetic import (
     KEYS,
     ONSET,
     PATTERNS,

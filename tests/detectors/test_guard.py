@@ -9,7 +9,7 @@ import pytest
 
 from sorl_monitor.detectors import DetectorConfig, detect
 from sorl_monitor.guard import CtnGuard
-from tests.detectors.synthetic import ONSET, PATTERNS, stable_rows
+from tests.helpers.synthetic import ONSET, PATTERNS, stable_rows
 
 WINDOW = 512
 

@@ -10,7 +10,7 @@ import pytest
 from sorl_monitor.detectors import DetectorConfig
 from sorl_monitor.postmortem import CAUSES, PostmortemConfig, label_collapse, postmortem
 from sorl_monitor.query import QueryError, open_runs
-from tests.detectors.synthetic import (
+from tests.helpers.synthetic import (
     KEYS,
     ONSET,
     PATTERNS,
@@ -19,9 +19,10 @@ from tests.detectors.synthetic import (
     grad_spike,
     pattern_rows,
     stable_rows,
+    verdict_of,
     write_rows,
 )
-from tests.detectors.tiny_pg import train
+from tests.helpers.tiny_pg import train
 
 COLLAPSE_AT = 300
 
@@ -29,12 +30,6 @@ COLLAPSE_AT = 300
 def collapse_rows(rows: list[dict], at: int = COLLAPSE_AT, until: int | None = None) -> list[dict]:
     """SYNTHETIC: the reward falls to 0.05 from step ``at`` (back to normal from ``until``, if given)."""
     return collapse_reward(rows, at, until)
-
-
-def verdict_of(tmp_path, rows, algorithm="ppo", config=None):
-    run = write_rows(tmp_path, rows[0]["run_id"], rows, algorithm)
-    with open_runs(run) as runs:
-        return postmortem(runs, rows[0]["run_id"], config)
 
 
 # ---------------------------------------------------------------------------------------- collapse label
@@ -313,7 +308,7 @@ def test_unknown_run_is_a_query_error(tmp_path):
 
 @pytest.mark.slow
 def test_real_tiny_ppo_collapse_under_a_learning_rate_ramp_is_flagged_before_it(tmp_path):
-    """REAL training (tests/detectors/tiny_pg.py, not the bundled trainer): lr ramped 0.01 → 1 collapses."""
+    """REAL training (tests/helpers/tiny_pg.py, not the bundled trainer): lr ramped 0.01 → 1 collapses."""
     run = train(tmp_path, "ramped", lr=0.01, lr_end=1.0, epochs=4, iterations=100)
     with open_runs(run) as runs:
         verdict = postmortem(runs, "ramped")

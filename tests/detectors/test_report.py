@@ -10,7 +10,7 @@ from sorl_monitor.postmortem import postmortem
 from sorl_monitor.query import open_runs
 from sorl_monitor.report import verdict_html
 from sorl_monitor.timeline import alert_onsets, ctn_spans
-from tests.detectors.synthetic import pattern_rows, write_rows
+from tests.helpers.synthetic import pattern_rows, write_rows
 
 
 def alert(step: int, detector: str = "kl_rise", severity: str = "warning") -> dict:

@@ -8,7 +8,7 @@ import pytest
 
 from sorl_monitor.query import open_runs
 from sorl_monitor.report import FIGURES_PER_RUN, write_report
-from tests.detectors.synthetic import collapse_reward, pattern_rows, stable_rows, write_rows
+from tests.helpers.synthetic import collapse_reward, pattern_rows, stable_rows, write_rows
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"

@@ -15,7 +15,7 @@ from sorl_monitor.cli.main import app
 from sorl_monitor.detectors import OLD_NAMES, DetectorConfig, load_config
 from sorl_monitor.postmortem import PostmortemConfig, label_collapse, load_configs
 from sorl_monitor.query import open_runs
-from tests.detectors.synthetic import collapse_reward, stable_rows, write_rows
+from tests.helpers.synthetic import collapse_reward, stable_rows, write_rows
 
 POSTMORTEM_SETTINGS = {
     "collapse_ma_steps", "collapse_fraction", "collapse_recovery_steps", "collapse_min_tail_steps",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from sorl_monitor.monitor import Monitor
 from sorl_monitor.query import open_runs
-from tests.detectors.synthetic import KEYS, stable_rows
+from tests.helpers.synthetic import KEYS, stable_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("sweep_corpus", ROOT / "experiments" / "sweep_corpus.py")

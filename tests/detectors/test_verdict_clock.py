@@ -1,6 +1,6 @@
 """Verdicts on the run's own clock, the end of a log as evidence, and families judged together.
 
-SYNTHETIC streams (``tests/detectors/synthetic.py``, labelled so in each test's name) check the diverging score
+SYNTHETIC streams (``tests/helpers/synthetic.py``, labelled so in each test's name) check the diverging score
 and the statuses; the bundled trainer's REAL sample run (``sample_logs/token-ppo``) checks that the same run
 logged per update, every 5 steps and per rollout batch gets the same status, and that a log ending in its fall
 is not healthy.
@@ -23,8 +23,15 @@ from sorl_monitor.cli.main import app
 from sorl_monitor.detectors import DIVERGING_FAMILIES, DetectorConfig, detect
 from sorl_monitor.postmortem import PostmortemConfig, postmortem
 from sorl_monitor.query import open_runs
-from tests.detectors.synthetic import ONSET, RISING, as_table, collapse_reward, families_rising, stable_rows
-from tests.detectors.test_postmortem import verdict_of
+from tests.helpers.synthetic import (
+    ONSET,
+    RISING,
+    as_table,
+    collapse_reward,
+    families_rising,
+    stable_rows,
+    verdict_of,
+)
 
 SAMPLE_RUN = Path(__file__).resolve().parents[2] / "sample_logs" / "token-ppo"
 runner = CliRunner()

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from sorl_monitor.cli.main import app
 from sorl_monitor.fleet import fleet_verdicts
 from sorl_monitor.query import open_runs
-from sorl_monitor.verdict_table import VERDICTS_FILE, write_verdicts
+from sorl_monitor.verdict_table import VERDICT_COLUMNS, VERDICTS_FILE, write_verdicts
 
 SAMPLE_LOGS = Path(__file__).resolve().parents[2] / "sample_logs"
 COMPARED = [
@@ -67,6 +67,45 @@ def test_each_row_is_the_runs_own_postmortem(fleet_dir, local_table):
         verdict.first_critical,
         verdict.root_cause,
     )
+
+
+JUDGED = [
+    name for name in VERDICT_COLUMNS.names if name not in ("path", "source_mtime", "updated_at", "error")
+]
+
+
+@pytest.fixture(scope="module")
+def sample_fleet(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict]]:
+    """Every run in ``sample_logs/`` (real runs of the bundled trainer), and what ``sorl postmortem`` says of
+    each: ``open_runs`` of the run alone, default options, then ``postmortem``."""
+    from sorl_monitor.fleet import _verdict_row
+    from sorl_monitor.postmortem import postmortem
+
+    root = tmp_path_factory.mktemp("sample_fleet")
+    expected = {}
+    for source in sorted(p for p in SAMPLE_LOGS.iterdir() if (p / "run.json").is_file()):
+        shutil.copytree(source, root / source.name)
+        with open_runs(root / source.name) as runs:
+            (run_id,) = runs.sql("SELECT run_id FROM runs").column(0).to_pylist()
+            expected[run_id] = {
+                k: v for k, v in _verdict_row(postmortem(runs, run_id)).items() if k in JUDGED
+            }
+    assert len(expected) >= 5 and {row["status"] for row in expected.values()} >= {"collapsed", "healthy"}
+    return root, expected
+
+
+def test_each_sample_runs_row_is_what_its_own_postmortem_says(sample_fleet):
+    root, expected = sample_fleet
+    table = fleet_verdicts(root, engine="local", jobs=2, chunk_size=2)
+    assert {row["run_id"]: row for row in table.select(JUDGED).to_pylist()} == expected
+
+
+@pytest.mark.slow
+def test_each_sample_runs_row_on_ray_is_what_its_own_postmortem_says(sample_fleet):
+    pytest.importorskip("ray")
+    root, expected = sample_fleet
+    table = fleet_verdicts(root, engine="ray", jobs=2, chunk_size=2)
+    assert {row["run_id"]: row for row in table.select(JUDGED).to_pylist()} == expected
 
 
 def test_unchanged_runs_are_not_judged_again_and_a_changed_one_is(fleet_dir, local_table, tmp_path):

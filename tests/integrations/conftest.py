@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integrations import verl_modules
+from tests.helpers import verl_modules
 
 
 @pytest.fixture

@@ -17,12 +17,17 @@ from typer.testing import CliRunner
 from sorl_monitor import Monitor
 from sorl_monitor.cli.main import app
 from sorl_monitor.query import open_runs
-from tests.integrations import trainer_hooks
-from tests.integrations.test_verl_logs import record
-from tests.integrations.test_verl_loss import call_as_verl_actor, micro_batch, optimizer_step
-from tests.integrations.tiny import TokenSequences, char_tokenizer, save_tiny_qwen2, tiny_qwen2
-from tests.integrations.verl_reference import ActorConfigStandIn
-from tests.reliability.test_nonfinite import NanAfterTwoSteps
+from tests.helpers import trainer_hooks
+from tests.helpers.tiny_lm import (
+    NanAfterTwoSteps,
+    TokenSequences,
+    char_tokenizer,
+    save_tiny_qwen2,
+    tiny_qwen2,
+)
+from tests.helpers.verl_calls import call_as_verl_actor, micro_batch, optimizer_step
+from tests.helpers.verl_metrics import record
+from tests.helpers.verl_reference import ActorConfigStandIn
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "attach.md"
 SNIPPET = re.compile(r"<!-- test: ([\w-]+) -->\n```(\w+)\n(.*?)```", re.DOTALL)

@@ -6,34 +6,12 @@ import json
 import math
 
 import pytest
-from transformers import Trainer, TrainingArguments
+from transformers import Trainer
 
 from sorl_monitor import Monitor, MonitorWarning
 from sorl_monitor.integrations.hf import SorlCallback
 from sorl_monitor.query import open_runs
-from tests.integrations.tiny import TokenSequences, tiny_qwen2
-
-
-def make_trainer(tmp_path, callback: SorlCallback, **overrides) -> Trainer:
-    settings = {
-        "max_steps": 6,
-        "logging_steps": 1,
-        "per_device_train_batch_size": 4,
-        "learning_rate": 1e-3,
-        "report_to": [],
-        "use_cpu": True,
-        "save_strategy": "no",
-        "disable_tqdm": True,
-        **overrides,
-    }
-    args = TrainingArguments(output_dir=str(tmp_path / "out"), **settings)
-    return Trainer(
-        model=tiny_qwen2(),
-        args=args,
-        train_dataset=TokenSequences(),
-        eval_dataset=TokenSequences(8),
-        callbacks=[callback],
-    )
+from tests.helpers.hf_trainer import make_trainer
 
 
 def logged(trainer: Trainer, key: str) -> dict[int, float]:

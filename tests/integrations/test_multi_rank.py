@@ -8,9 +8,9 @@ import pyarrow as pa
 import pytest
 import torch.multiprocessing as mp
 
-from sorl_monitor.integrations.ranks import metric_across_ranks, rank_skew
 from sorl_monitor.query import QueryError, open_runs
-from tests.integrations.two_ranks import UPDATES, run_rank
+from sorl_monitor.ranks import metric_across_ranks, rank_skew
+from tests.helpers.two_ranks import UPDATES, run_rank
 
 WORLD = 2
 

@@ -16,7 +16,7 @@ from sorl_monitor.integrations.trackers import (
     install_prime_rl_monitor,
 )
 from sorl_monitor.query import open_runs
-from tests.integrations import trainer_hooks
+from tests.helpers import trainer_hooks
 
 
 @pytest.fixture(autouse=True)

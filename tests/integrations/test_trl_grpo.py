@@ -18,7 +18,7 @@ from sorl_monitor.integrations.trl import (  # noqa: E402
     update_keys,
 )
 from sorl_monitor.query import open_runs  # noqa: E402
-from tests.integrations.tiny import char_tokenizer, save_tiny_qwen2  # noqa: E402
+from tests.helpers.tiny_lm import char_tokenizer, save_tiny_qwen2  # noqa: E402
 
 GENERATIONS = 4
 STEPS_PER_GENERATION = 2

@@ -23,7 +23,7 @@ from sorl_monitor.integrations.trl_so_grpo import (  # noqa: E402
 )
 from sorl_monitor.objective import ObjectiveSettings, policy_objective, turn_ids_from_mask  # noqa: E402
 from sorl_monitor.query import open_runs  # noqa: E402
-from tests.integrations.tiny import char_tokenizer, save_tiny_qwen2  # noqa: E402
+from tests.helpers.tiny_lm import char_tokenizer, save_tiny_qwen2  # noqa: E402
 
 GENERATIONS = 4
 PASSES = 8  # num_iterations: updates per generation batch (steps_per_generation 1)

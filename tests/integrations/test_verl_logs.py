@@ -11,7 +11,6 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -20,30 +19,9 @@ from sorl_monitor import Monitor, MonitorWarning
 from sorl_monitor.cli.main import app
 from sorl_monitor.integrations.verl import SorlTracking, ingest_verl_jsonl, install_tracking_backend
 from sorl_monitor.query import open_runs
+from tests.helpers.verl_metrics import record, verl_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def verl_metrics(step: int) -> dict:
-    """A synthetic metrics dict with the names and value types verl's trainer logs."""
-    return {
-        "actor/pg_clipfrac": 0.01 * step,
-        "actor/pg_clipfrac_lower": 0.001 * step,
-        "actor/ppo_kl": np.float32(0.002 * step),
-        "actor/grad_norm": torch.tensor(1.5),
-        "critic/score/mean": 0.1 * step,
-        "response_length/mean": 120.0,
-        "num_turns/mean": np.int64(5),
-        "timing_s/gen": 2.5,
-        "training/global_step": step,
-    }
-
-
-def record(step: int) -> bytes:
-    return (
-        json.dumps({"step": step, "data": {k: float(v) for k, v in verl_metrics(step).items()}}).encode()
-        + b"\n"
-    )
 
 
 def steps_of(log_dir: Path, columns: str = "step") -> list[dict]:

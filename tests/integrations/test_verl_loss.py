@@ -12,28 +12,8 @@ import torch.nn.functional as F
 from sorl_monitor import MonitorWarning
 from sorl_monitor.integrations.verl import VERL_LOSS_PARAMETERS, MonitoredPolicyLoss, register_monitored_loss
 from sorl_monitor.query import open_runs
-from tests.integrations.verl_reference import ActorConfigStandIn, compute_policy_loss_vanilla
-
-TURN_PATTERN = [1, 1, 1, 0, 0, 1, 1, 0, 1, 1]  # LLM tokens 1, tool/observation tokens 0 (verl's agent loop)
-
-
-def micro_batch(seed: int, length: int, rows: int = 2) -> dict[str, torch.Tensor]:
-    """Synthetic tensors shaped as verl's actor hands them to the loss: all (rows, length)."""
-    g = torch.Generator().manual_seed(seed)
-    old = -torch.rand(rows, length, generator=g) * 3
-    mask = torch.tensor((TURN_PATTERN * 2)[:length], dtype=torch.float32).repeat(rows, 1)
-    advantage = torch.randn(rows, 1, generator=g).expand(rows, length)
-    return {
-        "old_log_prob": old,
-        "log_prob": old + 0.8 * torch.randn(rows, length, generator=g),
-        "advantages": advantage.contiguous(),
-        "response_mask": mask,
-    }
-
-
-def call_as_verl_actor(loss, batch, config):
-    """Keyword call, as ``dp_actor.update_policy`` makes it."""
-    return loss(**batch, loss_agg_mode="token-mean", config=config, rollout_is_weights=None)
+from tests.helpers.verl_calls import TURN_PATTERN, call_as_verl_actor, micro_batch, optimizer_step
+from tests.helpers.verl_reference import ActorConfigStandIn, compute_policy_loss_vanilla
 
 
 def rows(log_dir, sql: str):
@@ -56,13 +36,6 @@ def test_the_wrapped_loss_and_its_metrics_come_back_unchanged(tmp_path):
     want_loss, want_metrics = call_as_verl_actor(compute_policy_loss_vanilla, batch, config)
     loss.close()
     assert torch.equal(got_loss, want_loss) and got_metrics == want_metrics
-
-
-def optimizer_step() -> None:
-    """One optimizer step, as verl's engine takes after a mini-batch's micro-batches."""
-    parameter = torch.nn.Parameter(torch.zeros(1))
-    parameter.grad = torch.zeros(1)
-    torch.optim.SGD([parameter], lr=0.1).step()
 
 
 @pytest.mark.parametrize("counts", [[2, 2, 2], [3, 1, 2]], ids=["fixed", "dynamic"])

@@ -13,8 +13,8 @@ from sorl_monitor.detectors import DetectorConfig
 from sorl_monitor.integrations.verl import VERL_LOSS_PARAMETERS
 from sorl_monitor.integrations.verl_so_ppo import LOSS_NAMES, SorlPolicyLoss, register_sorl_loss
 from sorl_monitor.query import open_runs
-from tests.integrations.test_verl_loss import call_as_verl_actor, micro_batch, optimizer_step
-from tests.integrations.verl_reference import ActorConfigStandIn, compute_policy_loss_vanilla
+from tests.helpers.verl_calls import call_as_verl_actor, micro_batch, optimizer_step
+from tests.helpers.verl_reference import ActorConfigStandIn, compute_policy_loss_vanilla
 
 
 def loss_of(**settings) -> SorlPolicyLoss:

@@ -18,16 +18,19 @@ from sorl_monitor.cli.main import app
 from sorl_monitor.live import LiveRuns
 from sorl_monitor.logs import read_log
 from sorl_monitor.query import open_runs
-from tests.logs.writers import TRL_STEPS, csv_file, jsonl_file, mlflow_store, tensorboard_run, verl_file
+from tests.helpers.log_writers import (
+    TRL_STEPS,
+    csv_file,
+    hf_history,
+    jsonl_file,
+    mlflow_store,
+    tensorboard_run,
+    verl_file,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 REAL_LOGS = Path(__file__).parents[2].parent / "shared" / "real_logs"
 runner = CliRunner()
-
-
-def hf_history(path: Path) -> Path:
-    path.write_text(json.dumps([{"step": s, "epoch": s / 6, **m} for s, m in TRL_STEPS.items()]))
-    return path
 
 
 WRITERS = {

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from sorl_monitor.logs import LogWarning, detect_format, hf_console, read_log, verl_console
-from tests.logs.conftest import assert_same_steps, parquet_steps
-from tests.logs.trainer_console import run_trainer
+from tests.helpers.same_steps import assert_same_steps, parquet_steps
+from tests.helpers.trainer_console import run_trainer
 
 RAY_PREFIX = "\x1b[36m(TaskRunner pid=14640)\x1b[0m "
 # synthetic metrics, printed as verl's LocalLogger prints a step (concat_dict_to_str)

@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 from sorl_monitor.cli.main import app
 from sorl_monitor.logs import FORMATS, LogFormatError, detect_format, read_log
 from sorl_monitor.query import QueryError, open_runs
-from tests.conftest import write_run
-from tests.logs.writers import TRL_STEPS, csv_file, jsonl_file, tensorboard_run, verl_file
+from tests.helpers.log_writers import TRL_STEPS, csv_file, jsonl_file, tensorboard_run, verl_file
+from tests.helpers.runs import write_run
 
 runner = CliRunner()
 

@@ -9,10 +9,9 @@ import pandas as pd
 import pytest
 import torch
 
-from sorl_monitor.integrations.names import guess_family
 from sorl_monitor.logs import read_log
-from tests.logs.conftest import assert_same_steps, parquet_steps
-from tests.logs.writers import (
+from sorl_monitor.names import guess_family
+from tests.helpers.log_writers import (
     TRL_STEPS,
     VERL_STEPS,
     csv_file,
@@ -21,6 +20,7 @@ from tests.logs.writers import (
     tensorboard_run,
     verl_file,
 )
+from tests.helpers.same_steps import assert_same_steps, parquet_steps
 
 
 def test_tensorboard_scalars_from_simple_values_and_tensors(tmp_path):

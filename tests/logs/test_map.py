@@ -92,7 +92,7 @@ def test_ingest_reads_row_kinds_and_mapped_logs_whole(tmp_path, log):
 
 
 def test_dashboard_settings_carry_the_map_and_logging_steps(monkeypatch):
-    from sorl_monitor.dashboard.settings import LOG_MAP_ENV, LOGGING_STEPS_ENV, settings
+    from sorl_monitor.dashboard.launch_settings import LOG_MAP_ENV, LOGGING_STEPS_ENV, settings
 
     monkeypatch.setenv(LOG_MAP_ENV, "reward=my_reward\nentropy=my_entropy\n")
     monkeypatch.setenv(LOGGING_STEPS_ENV, "20")

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from sorl_monitor import Monitor
 from sorl_monitor.cli.main import app
 from sorl_monitor.query import CorruptPartWarning, open_runs
-from tests.conftest import write_run
+from tests.helpers.runs import write_run
 
 BAD = {
     "list": "[]",

@@ -24,8 +24,8 @@ import pyarrow.parquet as pq
 from sorl_monitor.query import open_runs
 from sorl_monitor.schema import TURN_FLOAT_COLUMNS
 from sorl_monitor.writer import ParquetStreamWriter
-from tests.reliability.conftest import ROOT
-from tests.reliability.crash_child import PROGRESS
+from tests.helpers.crash_child import PROGRESS
+from tests.helpers.paths import ROOT
 
 
 def turn_rows(step: int, n: int) -> pa.Table:
@@ -109,7 +109,7 @@ def kill_right_after_a_merge(log_dir: Path, interval_s: float, flush_rows: int) 
     SIGKILL it at once, and measure the seconds of ``steps`` rows lost."""
     progress = log_dir / "progress"
     progress.write_bytes(bytes(PROGRESS.size))
-    command = [sys.executable, "-m", "tests.reliability.crash_child", str(log_dir), "run", str(interval_s),
+    command = [sys.executable, "-m", "tests.helpers.crash_child", str(log_dir), "run", str(interval_s),
                str(progress), str(flush_rows)]  # fmt: skip
     child = subprocess.Popen(command, env={**os.environ, "PYTHONPATH": str(ROOT)})
     turns = log_dir / "run" / "turns" / "rank=0"

@@ -12,7 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from sorl_monitor.query import CorruptPartWarning, open_runs
-from tests.reliability.conftest import ROOT, run_with_parts
+from tests.helpers.paths import ROOT
+from tests.helpers.runs import run_with_parts
 
 UPDATES = 6
 

@@ -18,8 +18,8 @@ from sorl_monitor.integrations.verl import ingest_verl_jsonl
 from sorl_monitor.logs import LogWarning
 from sorl_monitor.logs.guards import MAX_JSON_DEPTH, check_path, json_depth, json_loads
 from sorl_monitor.query import QueryError, open_runs
-from tests.conftest import write_run
-from tests.reliability.conftest import ROOT
+from tests.helpers.paths import ROOT
+from tests.helpers.runs import write_run
 
 runner = CliRunner()
 DEEP = "[" * 30_000 + "]" * 30_000

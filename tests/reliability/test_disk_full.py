@@ -16,7 +16,7 @@ import torch
 
 from sorl_monitor import Monitor, MonitorWarning
 from sorl_monitor.query import open_runs
-from tests.reliability.conftest import ROOT
+from tests.helpers.paths import ROOT
 
 TMPFS_BYTES = 1 << 20
 
@@ -99,7 +99,7 @@ def test_a_full_tmpfs_drops_counted_rows_and_writes_resume_when_space_frees(smal
 def test_writes_past_a_file_size_limit_fail_without_stopping_training(tmp_path, record_measurement):
     limit = 24 * 1024
     done = subprocess.run(
-        [sys.executable, "-m", "tests.reliability.fsize_child", str(tmp_path), str(limit), "30"],
+        [sys.executable, "-m", "tests.helpers.fsize_child", str(tmp_path), str(limit), "30"],
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         capture_output=True,
         text=True,

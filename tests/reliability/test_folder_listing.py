@@ -10,7 +10,7 @@ import os
 import sorl_monitor.logs as logs
 import sorl_monitor.logs.detect as detect
 from sorl_monitor.query import open_runs
-from tests.conftest import write_run
+from tests.helpers.runs import write_run
 
 
 def ten_line_log(path):
@@ -49,7 +49,7 @@ def test_each_log_is_detected_and_read_once_on_open(tmp_path, monkeypatch):
         return read_source(source, *options)
 
     monkeypatch.setattr(logs, "detect_file", counted_detect)
-    monkeypatch.setattr("sorl_monitor.query.read_source", counted_read)
+    monkeypatch.setattr("sorl_monitor.catalog.read_source", counted_read)
     assert detect.detect_file is detect_file
     with open_runs(tmp_path) as runs:
         assert runs.sql("SELECT count(*) AS n FROM runs").column("n")[0].as_py() == 20

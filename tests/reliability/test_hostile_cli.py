@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sorl_monitor.cli.main import app
-from tests.conftest import write_run
+from tests.helpers.runs import write_run
 
 runner = CliRunner()
 RECORD = '{"step": 1, "data": {"actor/pg_loss": 0.5}}\n'

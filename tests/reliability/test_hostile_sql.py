@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sorl_monitor.query import QueryError, open_runs
-from tests.conftest import write_run
+from tests.helpers.runs import write_run
 
 
 @pytest.fixture

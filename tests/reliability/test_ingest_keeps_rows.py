@@ -20,7 +20,7 @@ from sorl_monitor import Monitor
 from sorl_monitor.cli.main import app
 from sorl_monitor.integrations.verl import ingest_verl_jsonl
 from sorl_monitor.query import QueryError, open_runs
-from tests.reliability.conftest import ROOT
+from tests.helpers.paths import ROOT
 
 runner = CliRunner()
 

@@ -12,8 +12,8 @@ import warnings
 import pytest
 
 from sorl_monitor.query import CorruptPartWarning, open_runs
-from tests.reliability.conftest import ROOT
-from tests.reliability.crash_child import PROGRESS
+from tests.helpers.crash_child import PROGRESS
+from tests.helpers.paths import ROOT
 
 READ_FOR_S = 4.0
 DUPLICATES_SQL = """
@@ -34,7 +34,7 @@ def test_reading_while_a_trainer_writes_sees_no_errors_no_duplicates_and_only_gr
     command = [
         sys.executable,
         "-m",
-        "tests.reliability.crash_child",
+        "tests.helpers.crash_child",
         str(tmp_path),
         "live",
         "0.05",

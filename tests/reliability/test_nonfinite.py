@@ -11,7 +11,7 @@ from sorl_monitor import Monitor
 from sorl_monitor.integrations.hf import SorlCallback
 from sorl_monitor.integrations.verl import ingest_verl_jsonl
 from sorl_monitor.query import open_runs
-from tests.integrations.tiny import TokenSequences
+from tests.helpers.tiny_lm import NanAfterTwoSteps, TokenSequences
 
 
 def test_nonfinite_log_probs_and_rewards_are_counted_and_kept_out_of_the_statistics(tmp_path):
@@ -26,21 +26,6 @@ def test_nonfinite_log_probs_and_rewards_are_counted_and_kept_out_of_the_statist
     with open_runs(tmp_path) as runs:
         stored = runs.sql("SELECT nonfinite_count, n_tokens FROM steps").to_pylist()
     assert stored == [{"nonfinite_count": 5.0, "n_tokens": 4 * 8 - 3}]
-
-
-class NanAfterTwoSteps(torch.nn.Module):
-    """A model whose loss turns NaN from its third forward pass on (as a diverging run's does)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = torch.nn.Embedding(64, 8)
-        self.head = torch.nn.Linear(8, 1)
-        self.calls = 0
-
-    def forward(self, input_ids, labels=None):
-        self.calls += 1
-        loss = self.head(self.embed(input_ids)).pow(2).mean()
-        return {"loss": loss * math.nan if self.calls > 2 else loss}
 
 
 def nonfinite_loss(window):

@@ -10,8 +10,8 @@ from sorl_monitor.integrations.hf import SorlCallback
 from sorl_monitor.integrations.verl import MonitoredPolicyLoss, SorlTracking
 from sorl_monitor.query import open_runs
 from sorl_monitor.schema import TABLES
-from tests.integrations.test_verl_loss import micro_batch
-from tests.integrations.verl_reference import ActorConfigStandIn, compute_policy_loss_vanilla
+from tests.helpers.verl_calls import micro_batch
+from tests.helpers.verl_reference import ActorConfigStandIn, compute_policy_loss_vanilla
 
 
 @pytest.mark.parametrize("name", TABLES)
@@ -47,7 +47,7 @@ def test_the_verl_loss_wrapper_with_a_hostile_run_name_warns_and_the_update_goes
 
 
 def test_the_hf_callback_with_a_hostile_run_name_trains_without_monitoring(tmp_path):
-    from tests.integrations.test_hf_callback import make_trainer
+    from tests.helpers.hf_trainer import make_trainer
 
     trainer = make_trainer(
         tmp_path, SorlCallback(log_dir=str(tmp_path / "runs"), run_name="../escape"), max_steps=2

@@ -16,7 +16,7 @@ import pytest
 
 from sorl_monitor import Monitor
 from sorl_monitor.query import open_runs
-from tests.reliability.conftest import ROOT
+from tests.helpers.paths import ROOT
 
 LONG_INTERVAL_S = 30.0  # nothing reaches disk by the clock during a test: only a flush at the end does
 
@@ -25,7 +25,7 @@ def start(tmp_path, mode: str) -> subprocess.Popen:
     command = [
         sys.executable,
         "-m",
-        "tests.reliability.status_child",
+        "tests.helpers.status_child",
         str(tmp_path),
         mode,
         str(LONG_INTERVAL_S),

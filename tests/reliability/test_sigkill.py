@@ -12,8 +12,8 @@ import warnings
 import pytest
 
 from sorl_monitor.query import CorruptPartWarning, open_runs
-from tests.reliability.conftest import ROOT
-from tests.reliability.crash_child import PROGRESS
+from tests.helpers.crash_child import PROGRESS
+from tests.helpers.paths import ROOT
 
 FLUSH_INTERVAL_S = 0.5
 KILL_AFTER_S = (0.9, 1.35, 1.8)  # after the first part: lands anywhere in a flush cycle
@@ -22,7 +22,7 @@ KILL_AFTER_S = (0.9, 1.35, 1.8)  # after the first part: lands anywhere in a flu
 def kill_mid_run(tmp_path, run_name: str, kill_after_s: float) -> dict:
     progress = tmp_path / f"{run_name}.progress"
     progress.write_bytes(bytes(PROGRESS.size))
-    command = [sys.executable, "-m", "tests.reliability.crash_child", str(tmp_path), run_name,
+    command = [sys.executable, "-m", "tests.helpers.crash_child", str(tmp_path), run_name,
                str(FLUSH_INTERVAL_S), str(progress)]  # fmt: skip
     proc = subprocess.Popen(command, env={**os.environ, "PYTHONPATH": str(ROOT)})
     steps_dir = tmp_path / run_name / "steps" / "rank=0"

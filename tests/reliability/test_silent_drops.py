@@ -13,7 +13,7 @@ from sorl_monitor.cli.main import app
 from sorl_monitor.logs import LogWarning, find_logs
 from sorl_monitor.postmortem import postmortem
 from sorl_monitor.query import open_runs
-from tests.logs.writers import tensorboard_run
+from tests.helpers.log_writers import tensorboard_run
 
 runner = CliRunner()
 

@@ -14,8 +14,8 @@ import pytest
 
 from sorl_monitor.background_query import BackgroundQuery
 from sorl_monitor.query import QueryError, open_runs
-from tests.conftest import write_run
-from tests.reliability.conftest import ROOT
+from tests.helpers.paths import ROOT
+from tests.helpers.runs import write_run
 
 ONE_HUGE_STRING = "SELECT length(repeat('x', 2000000000)) AS n"  # one call building 2 GB: ran 59 s, 4.1 GB
 HUGE_STRINGS = "SELECT sum(length(repeat('x', 100000000))) AS n FROM range(64)"  # 6.4 GB written, 100 MB each

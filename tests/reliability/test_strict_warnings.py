@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from sorl_monitor.query import open_runs
-from tests.reliability.conftest import ROOT
+from tests.helpers.paths import ROOT
 
 TRAINING = """
 import sys, torch

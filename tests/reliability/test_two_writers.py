@@ -15,7 +15,7 @@ import pytest
 
 from sorl_monitor import Monitor, MonitorWarning
 from sorl_monitor.query import CorruptPartWarning, open_runs
-from tests.reliability.conftest import ROOT
+from tests.helpers.paths import ROOT
 
 ROWS = 300
 WRITER = """

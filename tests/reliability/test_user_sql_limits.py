@@ -12,8 +12,8 @@ import time
 import pytest
 
 from sorl_monitor.query import QueryError, open_runs
-from tests.conftest import write_run
-from tests.reliability.conftest import ROOT
+from tests.helpers.paths import ROOT
+from tests.helpers.runs import write_run
 
 ENDLESS = "SELECT sum(i) FROM range(5000000000000) t(i)"  # minutes of work
 HUGE_LIST = "SELECT list(i) AS l FROM range(700000000) t(i)"  # 5.6 GB of integers in one cell

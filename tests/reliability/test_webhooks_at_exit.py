@@ -16,7 +16,7 @@ import pytest
 
 from sorl_monitor import Monitor
 from sorl_monitor.notify import Notifier, NotifyWarning
-from tests.reliability.conftest import ROOT
+from tests.helpers.paths import ROOT
 
 
 @pytest.fixture

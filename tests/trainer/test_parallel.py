@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sorl_monitor.trainer.parallel import train_many
-from tests.trainer.test_train_end_to_end import tiny
+from tests.helpers.tiny_train import tiny
 
 
 @pytest.mark.slow

@@ -7,8 +7,8 @@ import pytest
 from sorl_monitor.query import open_runs
 from sorl_monitor.trainer.algorithms import ALGORITHMS
 from sorl_monitor.trainer.config import TrainConfig
-from sorl_monitor.trainer.env import TaskConfig
 from sorl_monitor.trainer.train import train
+from tests.helpers.tiny_train import tiny
 
 # DESIGN §3: the columns the bundled trainer must fill on every update
 STEP_COLUMNS = (
@@ -24,12 +24,6 @@ TURN_COLUMNS = (
     "advantage return reward kl_k3 entropy"
 ).split()
 KEYS = ("run_id", "rank", "step", "iteration", "ppo_epoch", "minibatch", "policy_lag", "wall_time")
-
-
-def tiny(algo: str, log_dir, **kw) -> TrainConfig:
-    return TrainConfig(algo=algo, seed=1, iterations=2, episodes=16, group_size=4, epochs=2, minibatches=2,
-                       staleness=1, warmstart_steps=5, warmstart_cache=None, log_dir=str(log_dir),
-                       run_name=algo, task=TaskConfig(max_hops=2, max_turns=3), **kw)  # fmt: skip
 
 
 @pytest.mark.slow

@@ -2,7 +2,8 @@
 by default, and the advantage estimator. Every loss is ``minibatch_loss.surrogate_loss`` around the objective of ``sorl_monitor.objective``:
 
     ρ     = r_t = π_θ(y_t)/π_old(y_t)  (token level)   or   w̄_k = exp(mean_{t∈k} log r_t)  (turn level,
-            the default ``turn_ratio="geomean"``; ``"mean"``: mean_{t∈k} r_t, the design notes' form)
+            the geometric form, ``turn_ratio="geomean"`` by default; ``"mean"``: mean_{t∈k} r_t, the arithmetic
+            form the monitor logs; both: docs/schema.md, "The turn ratio")
     L_pg  = −mean_t min(ρ A, clip(ρ, 1−ε_low, 1+ε_high) A), and where A < 0 at least c·A (dual-clip, c = 3)
     L     = L_pg [+ c_v · ½ mean_t (V(s_t) − G_t)²  with a critic]
                [+ λ · clip_frac(ρ) · mean_t (r_t − 1 − log r_t)  when CTN is on]
@@ -18,7 +19,7 @@ by default, and the advantage estimator. Every loss is ``minibatch_loss.surrogat
 | ``so_grpo`` | turn | ``turn_group`` | no | on |
 
 CTN's ``clip_frac`` is the share of agent tokens whose ``ρ`` lies outside the trust region (detached); the
-paper's exact normalizer is not public, so ``λ · clip_fraction · KL`` is the seed's form (an interpretation).
+paper's exact normalizer is not public, so ``λ · clip_fraction · KL`` is our interpretation.
 """
 
 from __future__ import annotations

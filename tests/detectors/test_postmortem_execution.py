@@ -1,0 +1,116 @@
+"""The post-mortem's faster execution gives the verdict of its reference formulation, on REAL runs.
+
+The reference: the collapse label's recovery window as ``RANGE … FOLLOWING`` in step order, and the alert summary
+over ``detect_sql()``'s own output (every firing's message formatted, ranks merged by its ``QUALIFY``). Both are
+computed fresh here and compared with what ``postmortem`` returns: whole verdicts, field by field.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from sorl_monitor import postmortem as pm
+from sorl_monitor.detectors import DetectorConfig, detect_params, detect_sql
+from sorl_monitor.query import open_runs
+
+ROOT = Path(__file__).resolve().parents[2]
+REAL_9B_COLLAPSE = (
+    ROOT.parent / "shared" / "real_logs" / "trl-grpo-qwen3.5-9b-rho-sweep" / "rho0.70_seed44.step_logs.json"
+)
+
+FAST_WINDOW = """    WINDOW after_drop AS (  -- the next steps, as PRECEDING in DESC order: DuckDB 2.0 ran the same RANGE …
+        PARTITION BY run_id ORDER BY step DESC  -- FOLLOWING frame ~10× slower (2.8 s on 250 k blocks)
+        RANGE BETWEEN $collapse_recovery_steps PRECEDING AND CURRENT ROW EXCLUDE CURRENT ROW)"""
+REFERENCE_WINDOW = """    WINDOW after_drop AS (PARTITION BY run_id ORDER BY step
+                          RANGE BETWEEN CURRENT ROW AND $collapse_recovery_steps FOLLOWING EXCLUDE CURRENT ROW)"""
+
+REFERENCE_SUMMARY_SQL = """
+WITH fired AS ({detect_sql})
+SELECT detector,
+       CASE WHEN bool_or(severity = 'critical') THEN 'critical' ELSE 'warning' END AS severity,
+       min(step) AS first_step,
+       min(step) FILTER (WHERE severity = 'critical') AS first_critical_step,
+       min(step) FILTER (WHERE step >= $streak_from) AS streak_first_step,
+       min(step) FILTER (WHERE severity = 'critical' AND step >= $streak_from) AS streak_critical_step,
+       max(step) AS last_step,
+       max(step) FILTER (WHERE severity = 'critical') AS last_critical_step,
+       CASE WHEN detector = 'diverging' THEN list(step ORDER BY step DESC)[1:$streak_rows] END AS recent_steps,
+       list(step ORDER BY step DESC) FILTER (WHERE step <= $streak_to)[1:$streak_rows] AS steps_to_fall,
+       list(step ORDER BY step DESC) FILTER (WHERE step <= $streak_to AND severity = 'critical')[1:$streak_rows]
+           AS criticals_to_fall,
+       count(*) AS count,
+       max(value) AS max_value,
+       arg_max(message, value) AS message
+FROM fired GROUP BY detector
+ORDER BY first_critical_step NULLS LAST, first_step, detector
+"""
+"""The alert summary as first written: over ``detect_sql()``'s rows (ranks merged, each message formatted)."""
+
+
+def reference_summary(runs, run_id, config=None, streak_from=None, streak_to=None):
+    config = config or DetectorConfig()
+    sql = REFERENCE_SUMMARY_SQL.format(detect_sql=detect_sql())
+    extra = {
+        "streak_from": -(2**62) if streak_from is None else streak_from,
+        "streak_to": 2**62 if streak_to is None else streak_to,
+        "streak_rows": pm.STREAK_ROWS,
+    }
+    return runs.sql(sql, detect_params(sql, config, run_id, extra=extra)).to_pylist()
+
+
+def verdicts(path: Path, run_id: str, monkeypatch) -> tuple[dict, dict]:
+    """``run_id``'s verdict as ``postmortem`` gives it, and through the reference formulation."""
+    with open_runs(path) as runs:
+        fast = pm.postmortem(runs, run_id).to_dict()
+        assert FAST_WINDOW in pm.COLLAPSE_SQL
+        with monkeypatch.context() as patch:
+            patch.setattr(pm, "COLLAPSE_SQL", pm.COLLAPSE_SQL.replace(FAST_WINDOW, REFERENCE_WINDOW))
+            patch.setattr(pm, "summarise_alerts", reference_summary)
+            reference = pm.postmortem(runs, run_id).to_dict()
+    return fast, reference
+
+
+@pytest.mark.parametrize("run", ["token-ppo", "grpo"])
+def test_sample_run_verdict_is_the_reference_verdict(run, monkeypatch):
+    fast, reference = verdicts(ROOT / "sample_logs" / run, run, monkeypatch)
+    assert fast == reference
+    if run == "token-ppo":
+        assert fast["status"] == "collapsed" and fast["top_alerts"]
+
+
+def test_real_9b_collapse_verdict_is_the_reference_verdict(monkeypatch):
+    if not REAL_9B_COLLAPSE.is_file():
+        pytest.skip("../shared/real_logs is not here (it lives beside the repo)")
+    with open_runs(REAL_9B_COLLAPSE) as runs:
+        run_id = runs.sql("SELECT run_id FROM runs").to_pylist()[0]["run_id"]
+    fast, reference = verdicts(REAL_9B_COLLAPSE, run_id, monkeypatch)
+    assert fast == reference
+    assert fast["status"] != "healthy"
+
+
+def test_two_rank_run_verdict_is_the_reference_verdict(tmp_path, monkeypatch):
+    """The sample run's rows as rank 0, and a SYNTHETIC rank 1 (the same rows, clip fraction and KL × 1.6): the
+    ranks' firings at the same steps are merged alike."""
+    source = ROOT / "sample_logs" / "token-ppo"
+    run = tmp_path / "token-ppo"
+    shutil.copytree(source, run)
+    for part in sorted((run / "steps" / "rank=0").glob("part-*.parquet")):
+        table = pq.read_table(part)
+        for name in ("clip_frac", "kl_old_k3"):
+            if name in table.column_names:
+                index = table.schema.get_field_index(name)
+                table = table.set_column(index, name, pc.multiply(table.column(name), 1.6))
+        (run / "steps" / "rank=1").mkdir(exist_ok=True)
+        pq.write_table(table, run / "steps" / "rank=1" / part.name)
+    info = json.loads((run / "run.json").read_text())
+    info["world_size"] = 2
+    (run / "run.json").write_text(json.dumps(info))
+    fast, reference = verdicts(run, info.get("run_id", "token-ppo"), monkeypatch)
+    assert fast == reference
+    assert fast["top_alerts"]
