@@ -75,7 +75,11 @@ def test_a_signal_flushes_every_row_and_ends_the_process_as_it_would_have(
     final_status, steps = status_and_steps(tmp_path)
     record_measurement(signal=sent.name, flush_interval_s=LONG_INTERVAL_S, updates_logged=logged + 1,
                        updates_persisted=len(steps), status=final_status)  # fmt: skip
-    assert (final_status, steps) == (status, list(range(logged + 1)))  # before SIGTERM: 0 rows, "running"
+    # every row logged before the signal is on disk (before SIGTERM: 0 rows, "running"); the row being logged
+    # when it landed may be too: a signal caught by another thread runs its handler in the main thread at the
+    # next bytecode, which can be inside the following log call, after its row was queued
+    assert final_status == status
+    assert steps in (list(range(logged + 1)), list(range(logged + 2)))
 
 
 def test_sigterm_chains_to_the_trainers_own_handler_and_the_run_goes_on(tmp_path):
