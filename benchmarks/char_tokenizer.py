@@ -1,4 +1,5 @@
-"""A character tokenizer built in code (no hub) for the benchmarks' tiny Qwen2 models."""
+"""A character tokenizer built in code (no hub) for the tiny Qwen2 models of the benchmarks and of the tests
+(`tests/helpers/tiny_lm.py` loads this file)."""
 
 from __future__ import annotations
 

@@ -6,22 +6,14 @@ import math
 from pathlib import Path
 
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2Config, Qwen2ForCausalLM
 
-CHARACTERS = "abcdefghijklmnopqrstuvwxyz0123456789 "
-SPECIAL = ["<pad>", "<eos>", "<unk>"]
+from tests.helpers.benchmark_code import load
 
-
-def char_tokenizer() -> PreTrainedTokenizerFast:
-    """One token per character of ``CHARACTERS``; ``<pad>`` 0, ``<eos>`` 1, ``<unk>`` 2."""
-    vocab = {token: i for i, token in enumerate(SPECIAL + list(CHARACTERS))}
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    core.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
-    )
+# the character tokenizer is benchmarks/char_tokenizer.py's: the benchmarks' tiny models use it too
+_tokenizer_module = load("char_tokenizer")
+CHARACTERS, SPECIAL = _tokenizer_module.CHARACTERS, _tokenizer_module.SPECIAL
+char_tokenizer = _tokenizer_module.char_tokenizer
 
 
 def tiny_qwen2(seed: int = 0, layers: int = 2) -> Qwen2ForCausalLM:
