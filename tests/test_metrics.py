@@ -154,6 +154,12 @@ def awkward_batch(seed: int, extreme: bool = False, nonfinite: bool = False):
     return logp.double(), old_logp.double(), mask, adv.double(), values.double(), rewards, groups
 
 
+def reference_of(logp, old_logp, mask, adv, values, rewards, groups):
+    """``reference_update`` of a batch of tensors (numpy arrays and lists, as the reference takes them)."""
+    arrays = (t.numpy() for t in (logp, old_logp, mask, adv, values))
+    return reference_update(*arrays, rewards.tolist(), groups.tolist())
+
+
 @pytest.mark.parametrize(
     ("seed", "extreme", "nonfinite"),
     [(0, False, False), (1, False, False), (2, True, False), (3, False, True), (4, True, True)],
@@ -163,15 +169,7 @@ def test_update_metrics_match_naive_reference(seed, extreme, nonfinite):
     got = M.update_metrics(
         logp, old_logp, mask, advantages=adv, values=values, rewards=rewards, group_ids=groups, clip_eps=EPS
     )
-    expected, _ = reference_update(
-        logp.numpy(),
-        old_logp.numpy(),
-        mask.numpy(),
-        adv.numpy(),
-        values.numpy(),
-        rewards.tolist(),
-        groups.tolist(),
-    )
+    expected, _ = reference_of(logp, old_logp, mask, adv, values, rewards, groups)
     for name, value in expected.items():
         actual = float(got.scalars[name])
         assert math.isfinite(actual) == math.isfinite(value), name
@@ -182,15 +180,7 @@ def test_update_metrics_match_naive_reference(seed, extreme, nonfinite):
 def test_per_turn_rows_match_naive_reference():
     logp, old_logp, mask, adv, values, rewards, groups = awkward_batch(5, nonfinite=True)
     got = M.update_metrics(logp, old_logp, mask, advantages=adv, values=values, rewards=rewards, clip_eps=EPS)
-    _, rows = reference_update(
-        logp.numpy(),
-        old_logp.numpy(),
-        mask.numpy(),
-        adv.numpy(),
-        values.numpy(),
-        rewards.tolist(),
-        groups.tolist(),
-    )
+    _, rows = reference_of(logp, old_logp, mask, adv, values, rewards, groups)
     valid = got.turn_valid.numpy()
     assert valid.sum() == len(rows)
     for b, k, n, w, s, rmax, rmin, v0 in rows:

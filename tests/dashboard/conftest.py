@@ -13,6 +13,7 @@ import pytest
 import streamlit as st
 
 from tests.helpers import ppo_loop, tiny_pg
+from tests.helpers.browser import ARGS, CHROMIUM
 from tests.helpers.dashboard_app import GUARDED, STABLE
 
 
@@ -30,3 +31,15 @@ def ppo_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ppo_loop.train(log_dir, GUARDED, iterations=24)
     tiny_pg.train(log_dir, STABLE, lr=0.003, epochs=2, iterations=12)
     return log_dir
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator:
+    """A headless Chromium (Debian's) driven by playwright; skips where either is missing."""
+    if not CHROMIUM.exists():
+        pytest.skip("Debian chromium is not installed at /usr/bin/chromium")
+    playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright (python) is not installed")
+    with playwright_api.sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=ARGS)
+        yield chromium
+        chromium.close()

@@ -21,7 +21,6 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 
 from tests.helpers.browser import (
-    ARGS,
     CHROMIUM,
     drawn_chart,
     main_text,
@@ -39,15 +38,6 @@ pytestmark = [
     pytest.mark.browser,
     pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium is not installed at /usr/bin/chromium"),
 ]
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator:
-    playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright (python) is not installed")
-    with playwright_api.sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=ARGS)
-        yield chromium
-        chromium.close()
 
 
 @pytest.fixture(scope="module")

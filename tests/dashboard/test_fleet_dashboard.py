@@ -7,14 +7,13 @@ real ``sorl fleet``'s. What is asserted is what was opened, not how long it took
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import sorl_monitor.live
 from sorl_monitor.verdict_table import read_verdicts
-from tests.helpers.browser import ARGS, CHROMIUM, drawn_chart, start_dashboard, stop
+from tests.helpers.browser import drawn_chart, start_dashboard, stop
 from tests.helpers.dashboard_app import assert_clean, charts, open_app, page_text
 from tests.helpers.fleet_runs import make_fleet, sample_runs
 
@@ -86,17 +85,6 @@ def test_the_run_list_filters_by_status_and_search_and_opens_a_run_picked_from_i
         "each picked run opened alone (a run opened before is shared)"
     )
     assert f"**{wanted}** · " in page_text(app)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator:
-    if not CHROMIUM.exists():
-        pytest.skip("Debian chromium is not installed at /usr/bin/chromium")
-    playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright (python) is not installed")
-    with playwright_api.sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=ARGS)
-        yield chromium
-        chromium.close()
 
 
 @pytest.mark.browser

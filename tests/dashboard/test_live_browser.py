@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.browser import (
-    ARGS,
     CHART,
     CHROMIUM,
     drawn_chart,
@@ -46,15 +45,6 @@ pytestmark = [
     pytest.mark.browser,
     pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium is not installed at /usr/bin/chromium"),
 ]
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator:
-    playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright (python) is not installed")
-    with playwright_api.sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=ARGS)
-        yield chromium
-        chromium.close()
 
 
 def chart_state(page, key: str, expression: str):

@@ -31,3 +31,12 @@ def optimizer_step() -> None:
     parameter = torch.nn.Parameter(torch.zeros(1))
     parameter.grad = torch.zeros(1)
     torch.optim.SGD([parameter], lr=0.1).step()
+
+
+def real_actor_config(**fields):
+    """verl's own ``ActorConfig`` (verl installed) for a small FSDP actor: 4-sample mini-batches of 2-sample
+    micro-batches, 2 rollouts per prompt; ``fields`` override or add to these."""
+    from verl.workers.config import ActorConfig
+
+    small = {"strategy": "fsdp", "ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_gpu": 2, "rollout_n": 2}
+    return ActorConfig(**(small | fields))

@@ -12,7 +12,13 @@ import torch.nn.functional as F
 from sorl_monitor import MonitorWarning
 from sorl_monitor.integrations.verl import VERL_LOSS_PARAMETERS, MonitoredPolicyLoss, register_monitored_loss
 from sorl_monitor.query import open_runs
-from tests.helpers.verl_calls import TURN_PATTERN, call_as_verl_actor, micro_batch, optimizer_step
+from tests.helpers.verl_calls import (
+    TURN_PATTERN,
+    call_as_verl_actor,
+    micro_batch,
+    optimizer_step,
+    real_actor_config,
+)
 from tests.helpers.verl_reference import ActorConfigStandIn, compute_policy_loss_vanilla
 
 
@@ -142,18 +148,11 @@ def test_registered_with_real_verl_when_it_is_installed(tmp_path):
     pytest.importorskip("verl", reason="verl is not installed (make test-verl runs these against verl 0.9)")
     from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla as verl_vanilla
     from verl.trainer.ppo.core_algos import get_policy_loss_fn
-    from verl.workers.config import ActorConfig
 
     assert tuple(inspect.signature(verl_vanilla).parameters) == VERL_LOSS_PARAMETERS
     registered = register_monitored_loss("sorl_test", "vanilla", log_dir=tmp_path, run_name="real")
     assert get_policy_loss_fn("sorl_test") is registered
-    config = ActorConfig(
-        strategy="fsdp",
-        ppo_mini_batch_size=4,
-        ppo_micro_batch_size_per_gpu=2,
-        rollout_n=2,
-        clip_ratio_high=0.28,
-    )
+    config = real_actor_config(clip_ratio_high=0.28)
     for seed in range(3):
         batch = micro_batch(seed, 10)
         got, got_metrics = call_as_verl_actor(get_policy_loss_fn("sorl_test"), batch, config)

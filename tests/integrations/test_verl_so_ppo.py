@@ -13,7 +13,7 @@ from sorl_monitor.detectors import DetectorConfig
 from sorl_monitor.integrations.verl import VERL_LOSS_PARAMETERS
 from sorl_monitor.integrations.verl_so_ppo import LOSS_NAMES, SorlPolicyLoss, register_sorl_loss
 from sorl_monitor.query import open_runs
-from tests.helpers.verl_calls import call_as_verl_actor, micro_batch, optimizer_step
+from tests.helpers.verl_calls import call_as_verl_actor, micro_batch, optimizer_step, real_actor_config
 from tests.helpers.verl_reference import ActorConfigStandIn, compute_policy_loss_vanilla
 
 
@@ -94,16 +94,9 @@ def test_inside_real_verl_the_token_level_loss_is_vanilla_under_every_aggregatio
     pytest.importorskip("verl", reason="verl is not installed (make test-verl runs this against verl 0.9.1)")
     from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla as verl_vanilla
     from verl.trainer.ppo.core_algos import get_policy_loss_fn
-    from verl.workers.config import ActorConfig
 
     loss = register_sorl_loss(names=("so_ppo_token_test",), turn_is=False, ctn="off", log_dir=tmp_path)
-    config = ActorConfig(
-        strategy="fsdp",
-        ppo_mini_batch_size=4,
-        ppo_micro_batch_size_per_gpu=2,
-        rollout_n=2,
-        clip_ratio_high=0.28,
-    )
+    config = real_actor_config(clip_ratio_high=0.28)
     for mode in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
         batch = micro_batch(7, 10)
         got, got_metrics = get_policy_loss_fn("so_ppo_token_test")(**batch, loss_agg_mode=mode, config=config)
@@ -160,7 +153,6 @@ def test_inside_verls_engine_ppo_loss_so_ppo_runs_with_its_bool_mask_and_global_
     ``policy_loss.loss_mode``, pads the model output and sets ``global_batch_info``; synthetic tensors."""
     pytest.importorskip("verl", reason="verl is not installed (make test-verl runs this against verl 0.9.1)")
     from tensordict import TensorDict
-    from verl.workers.config import ActorConfig
     from verl.workers.config.actor import PolicyLossConfig
     from verl.workers.utils.losses import ppo_loss
 
@@ -169,13 +161,7 @@ def test_inside_verls_engine_ppo_loss_so_ppo_runs_with_its_bool_mask_and_global_
     batch = micro_batch(0, response, rows=rows)
     flat = torch.zeros(rows, prompt + response)
     flat[:, prompt - 1 : prompt + response - 1] = batch["log_prob"]  # position t scores token t + 1
-    config = ActorConfig(
-        strategy="fsdp",
-        ppo_mini_batch_size=4,
-        ppo_micro_batch_size_per_gpu=2,
-        rollout_n=2,
-        policy_loss=PolicyLossConfig(loss_mode="so_ppo"),
-    )
+    config = real_actor_config(policy_loss=PolicyLossConfig(loss_mode="so_ppo"))
     results = []
     for num_tokens in (None, 2 * int(batch["response_mask"].sum())):
         data = TensorDict(
