@@ -146,13 +146,6 @@ class DetectorConfig:
     reward_drop_warning: float = 0.25
     reward_drop_critical: float = math.inf
     """Off: the collapse label is defined on the same series, so it would measure itself."""
-    # ---- reward_slide: 1 − a shorter reward moving average ÷ its running peak (an early warning of a fall)
-    reward_slide_ma_steps: int = 16
-    """reward_slide judges the reward's moving average over this many steps (half the label's ``collapse_ma_steps``,
-    so it lags a fall by half as much; fewer early in a run, with its blocks)."""
-    reward_slide_warning: float = 0.1
-    reward_slide_critical: float = math.inf
-    """Off unless the corpus fit says otherwise (experiments/detector_eval.py, docs/detectors.md)."""
     # ---- nonfinite: NaN/Inf inputs counted by the monitor plus non-finite loss, grad norm, KL, ratio, entropy
     nonfinite_warning: float = 0.0
     nonfinite_critical: float = 0.0
@@ -309,18 +302,12 @@ SERIES: dict[str, tuple[str, str]] = {
         + ma_span_sql("block", "$reward_ma_steps")
         + " PRECEDING AND CURRENT ROW)",
     ),
-    "reward_fast_ma": (
-        "reward",
-        "avg(avg(reward)) OVER (PARTITION BY run_id, rank ORDER BY block RANGE BETWEEN "
-        + ma_span_sql("block", "$reward_slide_ma_steps")
-        + " PRECEDING AND CURRENT ROW)",
-    ),
     "nonfinite_n": ("nonfinite", "sum(nonfinite)"),
 }
 """What a block keeps of each signal: name → (the signal, its aggregate over the block's rows). ``<signal>_s``
 is the block mean (the smoothed signal); ``grad_log_max`` the block's largest ln(grad norm); ``reward_ma`` the
 reward's moving average over ``reward_ma_steps`` steps (scaled down with the blocks early in a run, as the collapse
-label's), ``reward_fast_ma`` the same over ``reward_slide_ma_steps``."""
+label's)."""
 
 
 REUSED = """
@@ -529,16 +516,6 @@ _BASE_DETECTORS: tuple[Detector, ...] = (
         value=f"""CASE WHEN {KNOWN} AND max(reward_ma) OVER history > 0
                 THEN 1 - reward_ma / max(reward_ma) OVER history END""",
         message="reward moving average fell by %3$.0f %% of its running peak (threshold %4$.0f %%)",
-    ),
-    Detector(
-        name="reward_slide", family="reward",
-        description="Reward slide: 1 − R̃ ÷ max R̃ over the history, R̃ the reward's moving average over"
-        " reward_slide_ma_steps steps (half the label's span): a sustained fall seen before the label's"
-        " slower average confirms it.",
-        signals=("reward",),
-        value=f"""CASE WHEN {KNOWN} AND max(reward_fast_ma) OVER history > 0
-                THEN 1 - reward_fast_ma / max(reward_fast_ma) OVER history END""",
-        message="reward (short moving average) fell by %3$.0f %% of its running peak (threshold %4$.0f %%)",
     ),
     Detector(
         name="nonfinite", family="blowup",

@@ -68,7 +68,6 @@ DETECTOR_PANEL: dict[str, tuple[str, ...]] = {
     "ratio_tail_rise": ("ratio_p99", "ratio_max"), "grad_norm_spike": ("grad_norm",),
     "entropy_collapse": ("entropy",), "entropy_rise": ("entropy",),
     "echo_trap": ("reward_mean",), "reward_std_collapse": ("reward_mean",), "reward_drop": ("reward_mean",),
-    "reward_slide": ("reward_mean",),
     "nonfinite": ("reward_mean",), "diverging": ("reward_mean",),
     "length_rise": ("response_len_mean", "completion_len_mean"),
     "truncation_rise": ("response_len_mean", "completion_len_mean"),

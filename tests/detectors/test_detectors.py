@@ -71,10 +71,8 @@ def test_no_detector_fires_on_a_noisy_but_stable_synthetic_run(seed):
 
 def latency(detector: str) -> int:
     """How many steps after a pattern's onset its detector may first fire: a block or two (20 steps), and for
-    reward_drop and reward_slide, which judge a moving average (``reward_ma_steps``, ``reward_slide_ma_steps``), that
-    window more."""
-    spans = {"reward_drop": DetectorConfig().reward_ma_steps, "reward_slide": DetectorConfig().reward_slide_ma_steps}
-    return 20 + spans.get(detector, 0)
+    reward_drop, which judges a moving average over ``reward_ma_steps``, that window more."""
+    return 20 + (DetectorConfig().reward_ma_steps if detector == "reward_drop" else 0)
 
 
 @pytest.mark.parametrize("detector", DETECTOR_NAMES)

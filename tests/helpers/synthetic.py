@@ -167,7 +167,6 @@ PATTERNS: dict[str, Callable[[dict], None]] = {
     "length_rise": _fold("response_len_mean", "length_rise", lambda c: 1.0),
     "truncation_rise": _share("completion_truncated_frac", "truncation_rise", lambda c: c.truncation_floor),
     "reward_drop": _fall_below("reward_mean", "reward_drop"),
-    "reward_slide": _fall_below("reward_mean", "reward_slide"),
     "nonfinite": _nan_loss,
 }
 
