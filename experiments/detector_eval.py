@@ -78,7 +78,6 @@ FITTED: dict[str, tuple[float, ...]] = {
     "kl_rise_critical": (5.0, 8.0, 10.0, 15.0, 20.0, 30.0, 50.0, 100.0, math.inf),
     "entropy_rise_critical": (4.0, 8.0, 16.0, math.inf),
     "diverging_critical": (2.0, 3.0, 4.0, math.inf),
-    "reward_drop_critical": (0.25, 0.3, 0.35, 0.4, 0.45, math.inf),
 }
 """The critical thresholds fitted on the corpus, and the grid each is chosen from (any ``<detector>_critical``
 of ``DetectorConfig`` may be added; the grid search holds every combination in memory)."""
@@ -407,7 +406,7 @@ def alarm_matrix(runs: Sequence[Labelled], alarms: Mapping[str, Alarms]) -> np.n
     return matrix.reshape(len(runs), -1)
 
 
-FALSE_ALARM_BUDGET = 0.05
+FALSE_ALARM_BUDGET = 0.03
 """The fit's false-alarm budget on the settings it is fitted on."""
 
 
