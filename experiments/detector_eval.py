@@ -406,7 +406,7 @@ def alarm_matrix(runs: Sequence[Labelled], alarms: Mapping[str, Alarms]) -> np.n
     return matrix.reshape(len(runs), -1)
 
 
-FALSE_ALARM_BUDGET = 0.03
+FALSE_ALARM_BUDGET = 0.05
 """The fit's false-alarm budget on the settings it is fitted on."""
 
 
