@@ -2,7 +2,7 @@
 refresh shows a part just written.
 
     python benchmarks/bench_dashboard.py [--turn-rows 1000000] [--repeats 5] [--refreshes 10]
-    python benchmarks/bench_dashboard.py --skip-live-run --bundles cartesian,full [--hogs 2]
+    python benchmarks/bench_dashboard.py --skip-live-run --bundles auto,cartesian,full [--hogs 2]
     python benchmarks/bench_dashboard.py --skip-live-run --baseline ../main --phases   # before/after, interleaved
     python benchmarks/bench_dashboard.py --skip-live-run --skip-sample-logs --fleet-runs 2000
 
@@ -255,15 +255,18 @@ def sample_logs(
     browser: Browser,
     scratch: Path,
     repeats: int,
-    bundle: str = "cartesian",
+    bundle: str = "auto",
     phases: bool = False,
     baseline: Path | None = None,
 ) -> None:
-    """Navigation → drawn overview on ``sample_logs/`` with plotly.js ``bundle`` (``cartesian``, the default
-    since 2026-11-26, or ``full``: plotly's whole bundle, as before). With ``baseline`` (another checkout,
+    """Navigation → drawn overview on ``sample_logs/`` with plotly.js ``bundle``: ``auto`` (each figure's
+    smallest: the basic bundle for the overview, since 2026-11-26), ``cartesian`` (for every chart) or
+    ``full`` (plotly's whole bundle, as before). With ``baseline`` (another checkout,
     with its own ``.venv``), its dashboard is measured too, interleaved visit by visit with this one's, so
     both see the same load."""
-    os.environ[BUNDLE_ENV] = bundle
+    os.environ.pop(BUNDLE_ENV, None)
+    if bundle != "auto":
+        os.environ[BUNDLE_ENV] = bundle
     tag = f"[{bundle} plotly.js]"
     checkouts = {"": (ROOT, sys.executable)}
     if baseline is not None:
@@ -403,7 +406,7 @@ def main() -> None:
     parser.add_argument("--refreshes", type=int, default=10)
     parser.add_argument("--skip-sample-logs", action="store_true", help="measure only the 1 M-turn-row run")
     parser.add_argument("--skip-live-run", action="store_true", help="measure only sample_logs/")
-    parser.add_argument("--bundles", default="cartesian", help="plotly.js bundles to compare: cartesian,full")
+    parser.add_argument("--bundles", default="auto", help="plotly.js bundles to compare: auto,cartesian,full")
     parser.add_argument("--phases", action="store_true", help="also break a first paint down into phases")
     parser.add_argument(
         "--baseline", type=Path, help="another checkout (with its .venv) measured interleaved"

@@ -116,34 +116,50 @@ else:  # a run the link asked for that appeared since the last run of the page (
     if appeared:
         st.session_state["runs"] = list(dict.fromkeys([*st.session_state["runs"], *appeared]))
 st.session_state["pending-runs"] = pending
-with st.sidebar:
-    choices = run_ids
-    if fleet is not None:  # the picker offers the runs the filters keep, and the runs picked
-        filtered = [run.run_id for run in fleet_view.filters(fleet.runs)]
-        choices = filtered + [run_id for run_id in st.session_state["runs"] if run_id not in filtered]
-    selected = st.multiselect("runs", choices, key="runs", help="pick several to compare them in every view")
-    with st.expander("chart options", expanded=False):
-        options = OverviewOptions(
-            x_axis=st.segmented_control("x axis", list(X_AXES), key="x-axis") or "step",
-            smooth_steps=st.select_slider(
+
+
+def sidebar_choices() -> None:
+    """The sidebar's run picker, chart options and run list. Drawn after the views: the overview's chart frame
+    (and its plotly.js load) then starts before the browser renders these widgets; their values are read from
+    the session state above, which Streamlit sets from the browser's widgets before each run of the page."""
+    with choices_slot:
+        choices = run_ids
+        filtered = run_ids
+        if fleet is not None:  # the picker offers the runs the filters keep, and the runs picked
+            filtered = [run.run_id for run in fleet_view.filters(fleet.runs)]
+            choices = filtered + [run_id for run_id in st.session_state["runs"] if run_id not in filtered]
+        st.multiselect("runs", choices, key="runs", help="pick several to compare them in every view")
+        with st.expander("chart options", expanded=False):
+            st.segmented_control("x axis", list(X_AXES), key="x-axis")
+            st.select_slider(
                 "smoothing (steps)", SMOOTHING, key="smoothing",
                 format_func=lambda steps: "off" if steps == 0 else str(steps),
                 help="trailing mean over this many steps; the raw curve stays, faint",
-            ),
-            log_panels=frozenset(st.multiselect("log scale", [p.title for p in OVERVIEW_PANELS], key="log-panels")),
-            families=frozenset(st.pills(
+            )  # fmt: skip
+            st.multiselect("log scale", [p.title for p in OVERVIEW_PANELS], key="log-panels")
+            st.pills(
                 "alert markers", FAMILY_ORDER, selection_mode="multi", key="families",
                 help="detector families whose alert onsets are drawn",
-            )),
-        )  # fmt: skip
-    if fleet is None:
-        view_parts.live_fragment(
-            RUN_LIST_REFRESH_S if live_on else None, overview_view.run_status, live, run_ids
-        )
-    else:
-        view_parts.live_fragment(
-            RUN_LIST_REFRESH_S if live_on else None, fleet_view.run_list, fleet, filtered, run_ids
-        )
+            )  # fmt: skip
+        if fleet is None:
+            view_parts.live_fragment(
+                RUN_LIST_REFRESH_S if live_on else None, overview_view.run_status, live, run_ids
+            )
+        else:
+            view_parts.live_fragment(
+                RUN_LIST_REFRESH_S if live_on else None, fleet_view.run_list, fleet, filtered, run_ids
+            )
+
+
+with st.sidebar:
+    choices_slot = st.container()
+selected = [run_id for run_id in st.session_state["runs"] if run_id in run_ids]
+options = OverviewOptions(
+    x_axis=st.session_state.get("x-axis") or "step",
+    smooth_steps=st.session_state["smoothing"],
+    log_panels=frozenset(st.session_state["log-panels"]),
+    families=frozenset(st.session_state["families"] or ()),
+)
 
 st.session_state["asked-runs"] = [*selected, *pending]
 if pending:
@@ -167,6 +183,7 @@ def keep_in_link(view: str) -> None:
 if not selected:
     keep_in_link(st.session_state.get("view") or DEFAULTS.view)
     st.info("Pick one or more runs in the sidebar.")
+    sidebar_choices()
     st.stop()
 
 if fleet is not None:
@@ -179,3 +196,4 @@ for tab, (name, render) in zip(tabs, VIEWS.items(), strict=True):
         if tab.open:
             with view_parts.shown_errors(f"the {name} view"):
                 render(live, selected, view_parts.refresh_interval(live_on, settings), options)
+sidebar_choices()

@@ -14,7 +14,7 @@ import pyarrow as pa
 import streamlit as st
 
 from sorl_monitor.dashboard.launch_settings import Settings
-from sorl_monitor.dashboard.live_chart import live_chart
+from sorl_monitor.dashboard.live_chart import basic_enough, live_chart
 from sorl_monitor.live import LiveRuns
 from sorl_monitor.logs import LogOptions
 from sorl_monitor.logs.options import config_tables
@@ -87,15 +87,17 @@ def chart(
     """Draw ``build()`` in the live chart ``key``, built again only when new rows of ``run_ids`` arrived or
     ``options`` changed (every viewer of the same runs shares the figure)."""
     versions = tuple((run_id, live.version(run_id)) for run_id in run_ids)
-    spec = _figure_json(key, id(live), versions, repr(options), build)
-    live_chart(spec, key=key, revision=hash(versions))
+    spec, basic = _figure_json(key, id(live), versions, repr(options), build)
+    live_chart(spec, key=key, revision=hash(versions), basic=basic)
 
 
 @st.cache_data(max_entries=48, show_spinner=False)
 def _figure_json(
     key: str, live_id: int, versions: tuple, options: str, _build: Callable[[], go.Figure]
-) -> str:
-    return _build().to_json()
+) -> tuple[str, bool]:
+    """The figure's JSON, and whether the basic plotly.js bundle draws all its traces."""
+    figure = _build()
+    return figure.to_json(), basic_enough(trace.type or "scatter" for trace in figure.data)
 
 
 def foreign_log(live: LiveRuns, run_id: str) -> str | None:
