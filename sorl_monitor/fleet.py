@@ -96,7 +96,8 @@ def judge_targets(
 ) -> list[dict[str, Any]]:
     """The verdict rows of ``targets`` (``(path, mtime)`` pairs), each opened alone; the one task both
     engines run. ``config_file`` (TOML) and ``settings`` (``name=value``) as ``postmortem.load_configs``;
-    ``storage_options`` for targets in object storage. The run sets of local targets work one after
+    ``storage_options`` for targets in object storage: those are downloaded on ``DOWNLOAD_THREADS`` threads
+    ahead of their turn (``_download``) and judged as their local copies. The run sets work one after
     another in one DuckDB database (``query.SharedDatabase``), each with its own views."""
     configs = load_configs(config_file, settings)
     now = dt.datetime.now(dt.UTC)
