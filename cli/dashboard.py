@@ -1,5 +1,8 @@
 """``sorl dashboard LOG_DIR``: the live Streamlit dashboard over a log folder (127.0.0.1 unless told otherwise).
 
+LOG_DIR may be an object-store prefix (``s3://bucket/runs``); the run list comes from its verdict table
+(``sorl fleet``'s) when it holds one, or from the table ``--verdicts`` names.
+
 Runs ``streamlit run dashboard/app.py`` headless, without usage statistics, with error details kept in
 the server log (the page shows one-line messages). The log folder and settings reach the app through
 the environment (``dashboard.view_parts``).
@@ -14,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Annotated
 
+import pyarrow.fs as pafs
 import typer
 
 import sorl_monitor.dashboard as dashboard
@@ -38,9 +42,14 @@ from sorl_monitor.dashboard.launch_settings import (
     OVERRIDES_ENV,
     REFRESH_ENV,
     SQL_TIMEOUT_ENV,
+    STORAGE_OPTIONS_ENV,
+    VERDICTS_ENV,
 )
 from sorl_monitor.logs import FORMATS, detect_format
+from sorl_monitor.logs.guards import check_path
 from sorl_monitor.postmortem import load_configs
+from sorl_monitor.storage import StorageError, default_storage_options, filesystem, is_remote
+from sorl_monitor.verdict_table import VERDICTS_FILE, load_verdicts
 
 APP = Path(dashboard.__file__).resolve().parent / "app.py"
 
@@ -77,11 +86,39 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def check_log_dir(log_dir: str, format_given: bool) -> None:
+    """Fail (one line, exit 2) unless ``log_dir`` is a folder, a log in a known format, or a reachable
+    object-store prefix."""
+    if is_remote(log_dir):
+        try:
+            fs, inner = filesystem(log_dir)
+            found = fs.get_file_info(inner).type != pafs.FileType.NotFound
+        except StorageError as error:
+            fail(str(error))
+        except OSError as error:
+            fail(f"{log_dir}: {str(error).splitlines()[0]}")
+        if not found:
+            fail(f"no such bucket or prefix: {log_dir}")
+        return
+    path = Path(log_dir)
+    check_path(path)
+    if not path.exists():
+        fail(f"no such folder: {log_dir} (give the log_dir your Monitor writes to)")
+    if not path.is_dir() and not format_given and detect_format(path) is None:
+        fail(
+            f"not a folder: {log_dir} (give the log_dir your Monitor writes to), nor a log in a format "
+            f"I know ({', '.join(FORMATS)}); give --format to force one"
+        )
+
+
 @user_errors
 def dashboard_command(
     log_dir: Annotated[
-        Path,
-        typer.Argument(help="The folder your Monitor writes runs to (or one run), or another tool's log."),
+        str,
+        typer.Argument(
+            help="The folder your Monitor writes runs to (or one run), another tool's log, or an object-store "
+            "prefix (s3://bucket/runs)."
+        ),
     ],
     port: Annotated[int, typer.Option(min=1, max=65535, help="Port to serve on.")] = 8501,
     host: Annotated[
@@ -104,17 +141,21 @@ def dashboard_command(
     fmt: LogFormatOption = None,
     map_: MapOption = None,
     logging_steps: LoggingStepsOption = None,
+    verdicts: Annotated[
+        str | None,
+        typer.Option(
+            "--verdicts",
+            help=f"The run list's verdict table, a file or s3:// URI, where `sorl fleet --out` put it "
+            f"(default: LOG_DIR/{VERDICTS_FILE} when there is one).",
+        ),
+    ] = None,
 ) -> None:
     """Start the live dashboard on LOG_DIR: curves, turns, gradients, alerts and verdict, read-only SQL."""
     require("streamlit", "dashboard")
     require("plotly", "dashboard")
-    if not log_dir.exists():
-        fail(f"no such folder: {log_dir} (give the log_dir your Monitor writes to)")
-    if not log_dir.is_dir() and fmt is None and detect_format(log_dir) is None:
-        fail(
-            f"not a folder: {log_dir} (give the log_dir your Monitor writes to), nor a log in a format "
-            f"I know ({', '.join(FORMATS)}); give --format to force one"
-        )
+    check_log_dir(log_dir, fmt is not None)
+    if verdicts is not None:
+        load_verdicts(verdicts if is_remote(verdicts) else Path(verdicts))  # ValueError: one line, exit 2
     load_configs(config, set_ or ())
     log_options(map_, logging_steps, config)
     try:
@@ -129,7 +170,7 @@ def dashboard_command(
         )
     env = {
         **os.environ,
-        LOG_DIR_ENV: str(log_dir.resolve()),
+        LOG_DIR_ENV: log_dir if is_remote(log_dir) else str(Path(log_dir).resolve()),
         REFRESH_ENV: str(refresh),
         SQL_TIMEOUT_ENV: str(sql_timeout),
         "PYTHONPATH": os.pathsep.join(filter(None, [str(APP.parents[1]), os.environ.get("PYTHONPATH")])),
@@ -144,6 +185,10 @@ def dashboard_command(
         env[LOG_MAP_ENV] = "\n".join(map_)
     if logging_steps is not None:
         env[LOGGING_STEPS_ENV] = str(logging_steps)
+    if verdicts is not None:
+        env[VERDICTS_ENV] = verdicts if is_remote(verdicts) else str(Path(verdicts).resolve())
+    if storage := default_storage_options():
+        env[STORAGE_OPTIONS_ENV] = "\n".join(f"{key}={value}" for key, value in storage.items())
     err_console.print(f"sorl dashboard: http://{host}:{port} (Ctrl-C to stop)")
     command = streamlit_command(host, port)
     os.execve(command[0], command, env)

@@ -13,8 +13,9 @@ from sorl_monitor.cli.console import err_console, fail, print_table, user_errors
 from sorl_monitor.cli.core import output_format
 from sorl_monitor.cli.diagnose import EXIT_COLLAPSE, EXIT_HEALTHY, ConfigOption, SetOption
 from sorl_monitor.fleet import ENGINES, fleet_verdicts
-from sorl_monitor.storage import default_storage_options, is_remote
-from sorl_monitor.verdict_table import VERDICTS_FILE, read_verdicts, write_verdicts
+from sorl_monitor.logs.guards import check_path
+from sorl_monitor.storage import StorageError, default_storage_options, is_remote
+from sorl_monitor.verdict_table import VERDICTS_FILE, read_verdicts, verdicts_file, write_verdicts
 
 ALARMING = ("collapsed", "collapsing", "diverging")
 """Statuses that make ``sorl fleet`` exit with ``EXIT_COLLAPSE`` (a CI gate over a whole fleet)."""
@@ -37,7 +38,10 @@ def fleet(
         int | None, typer.Option("--jobs", min=1, help="Processes / Ray CPUs (default: cores).")
     ] = None,
     out: Annotated[
-        Path | None, typer.Option("--out", help=f"Where the table goes (default: PATH/{VERDICTS_FILE}).")
+        str | None,
+        typer.Option(
+            "--out", help=f"Where the table goes, a file or s3:// URI (default: PATH/{VERDICTS_FILE})."
+        ),
     ] = None,
     watch: Annotated[
         float | None,
@@ -54,15 +58,19 @@ def fleet(
     Exit status: 0 no run collapsing, 3 at least one collapsed, collapsing or diverging, 2 user error.
     """
     output = output_format(csv, json_)
-    remote = is_remote(path)
-    if not remote and not Path(path).is_dir():
+    if not is_remote(path) and not Path(path).is_dir():
         fail(f"not a folder: {path}")
-    if remote and out is None:
-        fail("give --out PATH for the verdict table of runs in object storage")
-    out = out or Path(path) / VERDICTS_FILE
+    out = out or verdicts_file(path)
+    if not is_remote(out):
+        check_path(Path(out))
+        if not Path(out).parent.is_dir():
+            fail(f"no such folder for --out: {Path(out).parent}")
     while True:
         table = _judge(path, out, engine, address, jobs, config_file, set_ or [])
-        write_verdicts(table, out)
+        try:
+            write_verdicts(table, out)
+        except StorageError as error:
+            fail(f"cannot write the verdict table: {error}")
         if watch is None:
             break
         err_console.print(f"{time.strftime('%H:%M:%S')} {_counts(table)} → {out}", highlight=False)

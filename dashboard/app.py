@@ -69,8 +69,8 @@ def open_live(run_paths: tuple[str, ...] = ()) -> LiveRuns:
     return live
 
 
-has_verdicts = settings.log_dir is not None and VerdictList.present(settings.log_dir)
-fleet = view_parts.verdict_list(str(settings.log_dir)) if has_verdicts else None
+has_verdicts = settings.log_dir is not None and (settings.verdicts or VerdictList.present(settings.log_dir))
+fleet = view_parts.verdict_list(str(settings.log_dir), settings.verdicts) if has_verdicts else None
 if fleet is None:  # every run of the folder is opened: its run list, the first page's run
     live = open_live()
     if live.problem or not live.run_ids():
@@ -85,7 +85,7 @@ else:  # a fleet: the run list comes from its verdict table, and only the runs p
         fleet.refresh()
     run_ids = [run.run_id for run in fleet.runs]
     if not run_ids:
-        st.info(f"The verdict table in {settings.log_dir} lists no runs yet (`sorl fleet` writes it).")
+        st.info(f"The verdict table {fleet.table} lists no runs yet (`sorl fleet` writes it).")
         st.stop()
     first_runs = fleet_view.first_run(fleet.runs)
 DEFAULTS = links.Choice(

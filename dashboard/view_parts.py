@@ -54,9 +54,10 @@ atexit.register(live_runs.clear)
 
 
 @st.cache_resource(show_spinner=False)
-def verdict_list(log_dir: str) -> VerdictList:
-    """The run list of a folder holding ``sorl fleet``'s verdict table, shared by every viewer."""
-    return VerdictList(log_dir)
+def verdict_list(log_dir: str, table: str | None = None) -> VerdictList:
+    """The run list of a folder or ``s3://`` prefix from ``sorl fleet``'s verdict table (its own, or
+    ``table`` given with ``--verdicts``), shared by every viewer."""
+    return VerdictList(log_dir, table)
 
 
 @contextmanager
@@ -173,8 +174,8 @@ def show_skipped_parts(live: LiveRuns, run_ids: Sequence[str]) -> None:
         )
 
 
-def _relative(path: str, root: Path) -> str:
+def _relative(path: str, root: Path | str) -> str:
     try:
-        return str(Path(path).relative_to(root.resolve()))
+        return str(Path(path).relative_to(Path(root).resolve()))
     except ValueError:
         return path

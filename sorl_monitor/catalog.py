@@ -239,15 +239,16 @@ class RunCatalog:
     def relist(self) -> bool:
         """Mirror object-store roots again, find runs and logs added since, read logs whose files changed.
         True if the foreign runs changed since the last call."""
-        for uri, options in self._remote:
-            _mirrored(uri, options)
-        if self._just_listed:
+        if self._just_listed:  # the constructor has just mirrored and found them
             self._just_listed = False
-        elif any(p.is_dir() and not is_run_dir(p) for p in self.roots):
-            self.run_dirs = list(dict.fromkeys(self.run_dirs + find_runs(self.roots, self.format)))
-            self._read_foreign_logs(find_foreign_logs(self.roots, self.format))
         else:
-            self._read_foreign_logs(list(self._logs))
+            for uri, options in self._remote:
+                _mirrored(uri, options)
+            if any(p.is_dir() and not is_run_dir(p) for p in self.roots):
+                self.run_dirs = list(dict.fromkeys(self.run_dirs + find_runs(self.roots, self.format)))
+                self._read_foreign_logs(find_foreign_logs(self.roots, self.format))
+            else:
+                self._read_foreign_logs(list(self._logs))
         changed, self._foreign_changed = self._foreign_changed, False
         return changed
 

@@ -19,6 +19,7 @@ runs`` and the dashboard read it instead of judging every run again, and ``sorl 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import datetime as dt
 import os
 import shutil
@@ -31,8 +32,16 @@ from typing import Any
 import pyarrow as pa
 
 from sorl_monitor.postmortem import load_configs, postmortem
-from sorl_monitor.query import SharedDatabase, default_memory_limit, find_foreign_logs, find_runs, open_runs
-from sorl_monitor.storage import is_remote, remote_runs
+from sorl_monitor.query import (
+    TABLES,
+    QueryError,
+    SharedDatabase,
+    default_memory_limit,
+    find_foreign_logs,
+    find_runs,
+    open_runs,
+)
+from sorl_monitor.storage import StorageError, is_remote, local_copy, mirror_down, remote_runs
 from sorl_monitor.verdict_table import VERDICT_COLUMNS, sorted_verdicts, verdict_table
 
 ENGINES = ("local", "ray")
@@ -40,6 +49,11 @@ POSTMORTEM_TABLES = ("steps", "turns", "alerts")
 """The tables ``postmortem`` reads: a task makes views of these only, with ``steps`` (read by ~10 of the
 post-mortem's statements) copied into memory once (``open_runs(materialize=…)``). A post-mortem that read
 another table would fail on every run (its view missing), never judge it on empty rows."""
+UNREAD_TABLES = tuple(t for t in TABLES if t not in POSTMORTEM_TABLES)
+"""Tables a task never downloads from object storage (``modules``)."""
+DOWNLOAD_THREADS = 4
+"""Runs of a chunk in object storage downloaded at once, ahead of their post-mortems: a run's network waits
+overlap the DuckDB work of the runs before it."""
 
 
 @dataclass(frozen=True)
@@ -82,23 +96,33 @@ def judge_targets(
 ) -> list[dict[str, Any]]:
     """The verdict rows of ``targets`` (``(path, mtime)`` pairs), each opened alone; the one task both
     engines run. ``config_file`` (TOML) and ``settings`` (``name=value``) as ``postmortem.load_configs``;
-    ``storage_options`` for targets in object storage. The run sets of local targets work one after
+    ``storage_options`` for targets in object storage: those are downloaded on ``DOWNLOAD_THREADS`` threads
+    ahead of their turn (``_download``) and judged as their local copies. The run sets work one after
     another in one DuckDB database (``query.SharedDatabase``), each with its own views."""
     configs = load_configs(config_file, settings)
     now = dt.datetime.now(dt.UTC)
     rows = []
+    remote = [path for path, _ in targets if is_remote(path)]
     folders = [
         str(Path(path).resolve()) for path, _ in targets if not is_remote(path) and Path(path).is_dir()
     ]
+    folders += [str(local_copy(path).resolve()) for path in remote]
     scratch = tempfile.mkdtemp(prefix="sorl-fleet-")
     try:
-        with SharedDatabase(
-            threads=1, memory_limit=default_memory_limit(), scratch=scratch, folders=folders
-        ) as database:
+        with contextlib.ExitStack() as stack:
+            pool = stack.enter_context(concurrent.futures.ThreadPoolExecutor(DOWNLOAD_THREADS))
+            downloads = {path: pool.submit(_download, path, storage_options) for path in remote}
+            stack.callback(_cancel, downloads)
+            database = stack.enter_context(
+                SharedDatabase(
+                    threads=1, memory_limit=default_memory_limit(), scratch=scratch, folders=folders
+                )
+            )
             for path, mtime in targets:
                 base = {"path": path, "source_mtime": mtime, "updated_at": now}
                 try:
-                    for row in _judge(path, fmt, configs, storage_options, database):
+                    source = downloads[path].result() if path in downloads else path
+                    for row in _judge(source, fmt, configs, storage_options, database):
                         rows.append({**base, **row})
                 except Exception as error:  # noqa: BLE001 - one bad run is a row, never a failed fleet
                     name = path.rstrip("/").rpartition("/")[2]
@@ -106,6 +130,21 @@ def judge_targets(
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return rows
+
+
+def _download(uri: str, storage_options: Mapping[str, str] | None) -> str:
+    """The local copy of a run in object storage, brought up to date without the tables a post-mortem does
+    not read (``storage.mirror_down``); its path is what the task opens."""
+    try:
+        return str(mirror_down(uri, storage_options, skip_folders=UNREAD_TABLES))
+    except StorageError as error:
+        raise QueryError(str(error)) from None
+
+
+def _cancel(downloads: Mapping[str, concurrent.futures.Future[str]]) -> None:
+    """Drop the downloads not started (a task stopped early waits for none of them)."""
+    for future in downloads.values():
+        future.cancel()
 
 
 def _judge(

@@ -22,6 +22,7 @@ import concurrent.futures
 import contextlib
 import json
 import math
+import os
 import threading
 import time
 import warnings
@@ -59,6 +60,7 @@ from sorl_monitor.query import (
 )
 from sorl_monitor.schema import SCHEMAS, conform
 from sorl_monitor.step_rows import step_rows
+from sorl_monitor.storage import is_remote
 from sorl_monitor.timeline import RunCurves, Timeline, alert_onsets, ctn_spans
 
 T = TypeVar("T")
@@ -159,6 +161,16 @@ class _Run:
         return False
 
 
+def _folder(source: str | Path) -> Path | str:
+    """A log folder as a ``Path``; an object-store URI (``s3://…``) stays text (``Path`` would drop a slash)."""
+    return os.fspath(source) if is_remote(source) else Path(source)
+
+
+def _exists(path: str | Path) -> bool:
+    """Whether a local path exists; an object-store URI is taken to (``open_runs`` says if it does not)."""
+    return is_remote(path) or Path(path).exists()
+
+
 class LiveRuns:
     """The runs of a log dir (or of an open ``RunSet``), read incrementally; safe to share between threads.
 
@@ -188,7 +200,7 @@ class LiveRuns:
     ) -> None:
         self.run_set: RunSet | None = source if isinstance(source, RunSet) else None
         self._owns_run_set = self.run_set is None
-        self.log_dir = self.run_set.roots[0] if self.run_set is not None else Path(source)
+        self.log_dir: Path | str = self.run_set.roots[0] if self.run_set is not None else _folder(source)
         self.fmt = fmt
         self.log_options = log_options
         """What the user told the log readers (``logs.options``: ``--map``, ``--logging-steps``)."""
@@ -242,20 +254,20 @@ class LiveRuns:
         return changed
 
     def _open(self) -> bool:
-        if not self.log_dir.exists():
+        if not _exists(self.log_dir):
             self.problem = (
                 f"The folder {self.log_dir} does not exist (yet). "
                 "Point the dashboard at the log_dir your Monitor writes to."
             )
             return False
-        paths = [p for p in self.run_paths if Path(p).exists()]
+        paths = [p for p in self.run_paths if _exists(p)]
         if self.run_paths and not paths:
             self.problem = f"The runs picked are not in {self.log_dir} any more: {', '.join(self.run_paths)}."
             return False
         try:
             self.run_set = open_runs(paths or self.log_dir, self.fmt, log_options=self.log_options)
         except QueryError as error:
-            if not self.log_dir.is_dir():
+            if isinstance(self.log_dir, Path) and not self.log_dir.is_dir():
                 self.problem = f"{self.log_dir} is a file that cannot be read as a log: {error}"
                 return False
             self.problem = (

@@ -1,13 +1,16 @@
 """The dashboard's run list at fleet scale: read from the verdict table ``sorl fleet`` wrote at the root
-(``verdict_table.VERDICTS_FILE``), not from every run, so a folder of thousands of runs lists in
-milliseconds and only the runs a viewer picks are opened.
+(``verdict_table.VERDICTS_FILE``, in a folder or an object-store prefix) or where ``--out`` put it, not from
+every run, so a folder of thousands of runs lists in milliseconds and only the runs a viewer picks are
+opened.
 
     runs = VerdictList("runs/")          # the root holds verdicts.parquet (``VerdictList.present``)
+    runs = VerdictList("s3://bucket/runs", table="verdicts.parquet")   # a table written elsewhere
     runs.refresh()                       # reads the table again only when it changed
     filter_runs(runs.runs, {"collapsing", "collapsed"}, "grpo")
 
 Order: the table's, most urgent first (``verdict_table.sorted_verdicts``), then the run folders written
-since the table (``UNJUDGED``: listed by name, a stat each, never opened).
+since the table (``UNJUDGED``: listed by name, a stat each, never opened; in object storage one LIST and
+a HEAD each).
 """
 
 from __future__ import annotations
@@ -20,9 +23,17 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 
 from sorl_monitor.schema import RUN_FILE
-from sorl_monitor.verdict_table import STATUS_ORDER, VERDICTS_FILE, read_verdicts, sorted_verdicts
+from sorl_monitor.storage import StorageError, filesystem, is_remote
+from sorl_monitor.verdict_table import (
+    STATUS_ORDER,
+    read_verdicts,
+    sorted_verdicts,
+    verdicts_file,
+    verdicts_stamp,
+)
 
 UNJUDGED = "not_in_table"
 """The status of a run folder under the root that the verdict table does not hold (written since)."""
@@ -43,10 +54,16 @@ class ListedRun:
 
 
 class VerdictList:
-    """The runs of a root as its verdict table lists them; safe to share between threads."""
+    """The runs of a root as its verdict table lists them; safe to share between threads.
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
-        self.root = Path(root)
+    ``root``: a folder or an object-store prefix (``s3://bucket/runs``, read through ``storage``);
+    ``table``: the verdict table's file or URI when ``sorl fleet --out`` wrote it elsewhere (default
+    ``root/verdicts.parquet``)."""
+
+    def __init__(self, root: str | os.PathLike[str], table: str | os.PathLike[str] | None = None) -> None:
+        self.root: str | Path = os.fspath(root) if is_remote(root) else Path(root)
+        self.table = os.fspath(table) if table is not None else verdicts_file(root)
+        """Where the verdict table is read from (a file or a URI)."""
         self.runs: list[ListedRun] = []
         self.judged_at: str | None = None
         """When the newest row of the table was judged (``updated_at``), as ``YYYY-MM-DD HH:MM UTC``."""
@@ -56,25 +73,24 @@ class VerdictList:
     @staticmethod
     def present(root: str | os.PathLike[str]) -> bool:
         """Whether ``root`` holds a verdict table (then the dashboard lists runs from it)."""
-        return (Path(root) / VERDICTS_FILE).is_file()
+        return verdicts_stamp(verdicts_file(root)) is not None
 
     def refresh(self) -> bool:
         """Read the table again if it changed (its size or mtime) and list the run folders it lacks.
         True when the list changed."""
         with self._lock:
-            try:
-                stat = (self.root / VERDICTS_FILE).stat()
-                signature = (stat.st_mtime, stat.st_size)
-            except OSError:
-                signature = None
+            signature = verdicts_stamp(self.table)
             judged = self.runs if signature == self._signature else None
             if judged is None:
-                table = read_verdicts(self.root)
+                table = read_verdicts(self.table)
                 judged = [] if table is None else listed_runs(table)
                 self.judged_at = None if table is None else _newest(table)
                 self._signature = signature
             judged = [run for run in judged if run.status != UNJUDGED]
-            runs = judged + unjudged_runs(self.root, judged)
+            if isinstance(self.root, Path):
+                runs = judged + unjudged_runs(self.root, judged)
+            else:
+                runs = judged + unjudged_remote_runs(self.root, judged)
             changed = runs != self.runs
             self.runs = runs
             return changed
@@ -108,6 +124,26 @@ def unjudged_runs(root: Path, judged: Sequence[ListedRun]) -> list[ListedRun]:
             continue
         if (Path(entry.path) / RUN_FILE).is_file():
             found.append(ListedRun(run_id=entry.name, path=entry.path, status=UNJUDGED))
+    return found
+
+
+def unjudged_remote_runs(root: str, judged: Sequence[ListedRun]) -> list[ListedRun]:
+    """``unjudged_runs`` of an object-store prefix: one LIST of the folders directly under it, then a HEAD of
+    ``run.json`` in each folder that no judged run names (none when the store does not answer)."""
+    known = {run.path.rstrip("/").rpartition("/")[2] for run in judged if run.path}
+    known |= {run.run_id for run in judged}
+    try:
+        fs, inner = filesystem(root)
+        folders = fs.get_file_info(pafs.FileSelector(inner, recursive=False, allow_not_found=True))
+        found = []
+        for folder in sorted(folders, key=lambda info: info.base_name):
+            name = folder.base_name
+            if folder.type != pafs.FileType.Directory or name in known or name.startswith((".", "_")):
+                continue
+            if fs.get_file_info(f"{folder.path}/{RUN_FILE}").type == pafs.FileType.File:
+                found.append(ListedRun(run_id=name, path=f"{root.rstrip('/')}/{name}", status=UNJUDGED))
+    except (OSError, StorageError):
+        return []
     return found
 
 

@@ -33,7 +33,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -147,55 +147,80 @@ def local_copy(uri: str) -> Path:
 
 
 # ---------------------------------------------------------------------------------------------- reading
-def mirror_down(uri: str, storage_options: Mapping[str, str] | None = None) -> Path:
+def mirror_down(
+    uri: str,
+    storage_options: Mapping[str, str] | None = None,
+    *,
+    skip_folders: Collection[str] = (),
+) -> Path:
     """Copy the objects under ``uri`` to ``local_copy(uri)``: new and changed ones, each to a temporary file
-    and then renamed (a local reader never sees half a file); files whose objects are gone are removed."""
+    and then renamed (a local reader never sees half a file); files whose objects are gone are removed.
+
+    One LIST of the prefix (a HEAD only where it lists nothing: ``uri`` is one object, or nothing); objects
+    under a folder named in ``skip_folders`` (a table a reader will not read, e.g. ``modules``) are neither
+    downloaded nor removed."""
     fs, root = filesystem(uri, storage_options)
     local = local_copy(uri)
+    single = False
     try:
-        info = fs.get_file_info(root)
-        if info.type == pafs.FileType.File:
-            objects = [info]
-            base = root.rpartition("/")[0]
-        else:
-            objects = [
-                i for i in fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
-                if i.type == pafs.FileType.File
-            ]  # fmt: skip
-            base = root
-            if not objects and info.type == pafs.FileType.NotFound:
+        objects = _listed(fs, root)
+        if not objects:
+            info = fs.get_file_info(root)
+            if info.type == pafs.FileType.File:
+                objects, single = [info], True
+            elif info.type == pafs.FileType.NotFound:
                 raise StorageError(f"no such bucket or prefix: {uri}")
     except OSError as error:
         raise StorageError(f"{uri}: {str(error).splitlines()[0]}") from None
+    base = root.rpartition("/")[0] if single else root
+    folder = local.parent if single else local
+    skipped = {LEASE_FOLDER, *skip_folders}
     wanted = set()
     for obj in objects:
         relative = obj.path[len(base) :].lstrip("/")
-        if not relative or LEASE_FOLDER in relative.split("/"):
+        if not relative or skipped.intersection(relative.split("/")[:-1]):
             continue
-        target = (local if info.type != pafs.FileType.File else local.parent) / relative
+        target = folder / relative
         wanted.add(target)
-        if target.is_file() and target.stat().st_size == obj.size and _stamp(target) >= _mtime(obj):
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(target.name + ".download")
-        try:
-            with fs.open_input_stream(obj.path) as source, open(tmp, "wb") as sink:
-                while chunk := source.read(1 << 22):
-                    sink.write(chunk)
-        except FileNotFoundError:  # compacted away between listing and reading
-            tmp.unlink(missing_ok=True)
+        if not _download(fs, obj, target, uri):
             wanted.discard(target)
-            continue
-        except OSError as error:
-            tmp.unlink(missing_ok=True)
-            raise StorageError(f"{uri}: {str(error).splitlines()[0]}") from None
-        os.replace(tmp, target)
-        os.utime(target, (_mtime(obj), _mtime(obj)))
-    if info.type != pafs.FileType.File and local.is_dir():
+    if not single and local.is_dir():
         for file in local.rglob("*"):
-            if file.is_file() and file not in wanted:
+            keep = file in wanted or skipped.intersection(file.relative_to(local).parts[:-1])
+            if file.is_file() and not keep:
                 file.unlink(missing_ok=True)
-    return local if info.type != pafs.FileType.File else local.parent / Path(root).name
+    return local.parent / Path(root).name if single else local
+
+
+def _listed(fs: pafs.FileSystem, root: str) -> list[pafs.FileInfo]:
+    """The objects under ``root`` (one LIST); none where ``root`` is an object or nothing."""
+    try:
+        found = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return [i for i in found if i.type == pafs.FileType.File]
+
+
+def _download(fs: pafs.FileSystem, obj: pafs.FileInfo, target: Path, uri: str) -> bool:
+    """Bring ``target`` up to ``obj`` (already there if its size and time match): False if the object is gone
+    (compacted away between listing and reading)."""
+    if target.is_file() and target.stat().st_size == obj.size and _stamp(target) >= _mtime(obj):
+        return True
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".download")
+    try:
+        with fs.open_input_stream(obj.path) as source, open(tmp, "wb") as sink:
+            while chunk := source.read(1 << 22):
+                sink.write(chunk)
+    except FileNotFoundError:
+        tmp.unlink(missing_ok=True)
+        return False
+    except OSError as error:
+        tmp.unlink(missing_ok=True)
+        raise StorageError(f"{uri}: {str(error).splitlines()[0]}") from None
+    os.replace(tmp, target)
+    os.utime(target, (_mtime(obj), _mtime(obj)))
+    return True
 
 
 def _mtime(info: pafs.FileInfo) -> float:

@@ -12,7 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+
+from sorl_monitor.storage import StorageError, filesystem, is_remote
 
 VERDICTS_FILE = "verdicts.parquet"
 """The fleet's verdict table, written at the root it judged."""
@@ -36,6 +39,8 @@ VERDICT_COLUMNS = pa.schema(
     ]
 )
 """One row per run: its verdict, or ``status = 'error'`` with the reason."""
+KEY_COLUMNS = ("run_id", "path", "status")
+"""The columns a table must have to be read as a verdict table (the run list needs these)."""
 
 STATUS_ORDER = ("error", "collapsing", "diverging", "collapsed", "not_judged", "healthy")
 """Most urgent first: the order ``sorted_verdicts`` puts runs in (unknown statuses after these)."""
@@ -56,23 +61,82 @@ def sorted_verdicts(table: pa.Table) -> pa.Table:
     return verdict_table(rows)
 
 
-def write_verdicts(table: pa.Table, path: str | os.PathLike[str]) -> Path:
-    """Write the table to ``path`` all or nothing (a temporary file, then ``os.replace``)."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
-    return path
+def verdicts_file(root: str | os.PathLike[str]) -> str:
+    """Where ``sorl fleet`` writes the table of ``root`` unless told: ``root/verdicts.parquet`` (a URI stays
+    a URI)."""
+    text = os.fspath(root)
+    return f"{text.rstrip('/')}/{VERDICTS_FILE}" if is_remote(text) else str(Path(text) / VERDICTS_FILE)
+
+
+def write_verdicts(table: pa.Table, path: str | os.PathLike[str]) -> str:
+    """Write the table to ``path`` all or nothing: a temporary file, then ``os.replace``; in object storage
+    (``s3://…``) one PUT, which readers see whole or not at all. ``StorageError`` if the store fails."""
+    if not is_remote(path):
+        local = Path(path)
+        tmp = local.with_name(local.name + ".tmp")
+        pq.write_table(table, tmp)
+        os.replace(tmp, local)
+        return str(local)
+    buffer = pa.BufferOutputStream()
+    pq.write_table(table, buffer)
+    fs, inner = filesystem(os.fspath(path))
+    try:
+        with fs.open_output_stream(inner) as sink:
+            sink.write(buffer.getvalue())
+    except OSError as error:
+        raise StorageError(f"{os.fspath(path)}: {str(error).splitlines()[0]}") from None
+    return os.fspath(path)
+
+
+def verdicts_stamp(path: str | os.PathLike[str]) -> tuple[float, int] | None:
+    """The modification time and size of the table at ``path`` (a file, or a folder or prefix holding
+    ``VERDICTS_FILE``; one HEAD or two in object storage), or ``None`` if there is none."""
+    try:
+        fs, inner = _located(path)
+        info = fs.get_file_info(inner)
+    except (OSError, StorageError):
+        return None
+    if info.type != pafs.FileType.File:
+        return None
+    return (info.mtime.timestamp() if info.mtime is not None else 0.0, info.size or 0)
+
+
+def load_verdicts(path: str | os.PathLike[str]) -> pa.Table:
+    """The verdict table at ``path`` (as ``verdicts_stamp`` finds it), or ``ValueError`` saying in one line
+    why not (missing, not Parquet, not the columns ``sorl fleet`` writes)."""
+    try:
+        fs, inner = _located(path)
+        with fs.open_input_file(inner) as source:
+            table = pq.read_table(source)
+    except (FileNotFoundError, IsADirectoryError):
+        raise ValueError(f"no verdict table at {os.fspath(path)} (sorl fleet writes one)") from None
+    except (OSError, pa.ArrowInvalid, StorageError) as error:
+        raise ValueError(f"not a verdict table: {os.fspath(path)} ({str(error).splitlines()[0]})") from None
+    if missing := [name for name in KEY_COLUMNS if name not in table.column_names]:
+        raise ValueError(
+            f"not a verdict table: {os.fspath(path)} (no column {missing[0]!r}; sorl fleet writes one)"
+        )
+    return table
 
 
 def read_verdicts(path: str | os.PathLike[str]) -> pa.Table | None:
-    """The verdict table at ``path`` (a file, or a folder holding ``VERDICTS_FILE``), or ``None``."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / VERDICTS_FILE
-    if not path.is_file():
-        return None
+    """The verdict table at ``path`` (a file, or a folder or object-store prefix holding ``VERDICTS_FILE``),
+    or ``None`` where there is none or it does not read."""
     try:
-        return pq.read_table(path)
-    except (OSError, pa.ArrowInvalid):
+        return load_verdicts(path)
+    except ValueError:
         return None
+
+
+def _located(path: str | os.PathLike[str]) -> tuple[pafs.FileSystem, str]:
+    """The filesystem and inner path of the table file at ``path`` (``VERDICTS_FILE`` inside a folder)."""
+    if not is_remote(path):
+        local = Path(path)
+        return pafs.LocalFileSystem(), str(local / VERDICTS_FILE if local.is_dir() else local)
+    fs, inner = filesystem(os.fspath(path))
+    try:
+        if fs.get_file_info(inner).type == pafs.FileType.Directory:
+            inner = f"{inner}/{VERDICTS_FILE}"
+    except OSError as error:
+        raise StorageError(f"{os.fspath(path)}: {str(error).splitlines()[0]}") from None
+    return fs, inner

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import socket
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
@@ -15,7 +17,9 @@ from sorl_monitor.dashboard.launch_settings import (
     OVERRIDES_ENV,
     REFRESH_ENV,
     SQL_TIMEOUT_ENV,
+    VERDICTS_ENV,
 )
+from sorl_monitor.verdict_table import verdict_table, write_verdicts
 
 runner = CliRunner()
 
@@ -123,3 +127,24 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def test_verdicts_given_with_the_option_reach_the_app(launch, tmp_path):
+    table = tmp_path / "elsewhere" / "v.parquet"
+    table.parent.mkdir()
+    write_verdicts(verdict_table([{"run_id": "a", "path": str(tmp_path / "a"), "status": "healthy"}]), table)
+    launched = launch(tmp_path, "--port", free_port(), "--verdicts", table)
+    assert launched.env[VERDICTS_ENV] == str(table.resolve())
+
+
+@pytest.mark.parametrize("kind", ["missing", "not parquet", "other columns"])
+def test_a_verdicts_file_that_is_not_a_verdict_table_is_a_one_line_error(tmp_path, kind):
+    table = tmp_path / "v.parquet"
+    if kind == "not parquet":
+        table.write_text("run_id,status\n")
+    elif kind == "other columns":
+        pq.write_table(pa.table({"run_id": ["a"], "reward": [1.0]}), table)
+    result = runner.invoke(app, ["dashboard", str(tmp_path), "--verdicts", str(table)])
+    assert result.exit_code == 2, result.output
+    assert "verdict table" in result.output and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1

@@ -14,10 +14,11 @@ import pytest
 from typer.testing import CliRunner
 
 from sorl_monitor.cli.main import app
-from sorl_monitor.fleet import fleet_verdicts
+from sorl_monitor.fleet import UNREAD_TABLES, fleet_verdicts
 from sorl_monitor.local_s3 import SeaweedUnavailable, start_server
 from sorl_monitor.query import open_runs
 from sorl_monitor.ranks import rank_skew
+from sorl_monitor.storage import mirror_down
 from tests.helpers.s3_ranks import log_updates
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -160,3 +161,34 @@ def test_a_missing_bucket_is_one_line_and_exit_2(s3_server, tmp_path, monkeypatc
     monkeypatch.setenv("SORL_CACHE_DIR", str(tmp_path / "cache"))
     result = CliRunner().invoke(app, ["runs", "s3://no-such-bucket-here/runs"])
     assert result.exit_code == 2 and "no such bucket" in result.output
+
+
+def test_a_fleet_download_leaves_out_the_tables_it_does_not_read_and_keeps_their_local_copies(
+    s3_server, s3_root
+):
+    fs = s3_server.filesystem()
+    remote = f"{s3_root.removeprefix('s3://')}/grpo"
+    pafs.copy_files(
+        str(SAMPLE_LOGS / "grpo"), remote, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs
+    )
+    uri = f"{s3_root}/grpo"
+
+    def local_files(folder: Path) -> set[str]:
+        return {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
+
+    every = local_files(SAMPLE_LOGS / "grpo")
+    folder = mirror_down(uri, skip_folders=UNREAD_TABLES)
+    assert local_files(folder) == {f for f in every if not f.startswith("modules/")}
+    assert local_files(mirror_down(uri)) == every
+    assert local_files(mirror_down(uri, skip_folders=UNREAD_TABLES)) == every  # not removed, only not fetched
+    part = next(f for f in every if f.startswith("steps/"))
+    fs.delete_file(f"{remote}/{part}")
+    assert local_files(mirror_down(uri, skip_folders=UNREAD_TABLES)) == every - {part}
+
+
+def test_one_object_is_mirrored_as_one_file(s3_server, s3_root):
+    source = SAMPLE_LOGS / "grpo" / "run.json"
+    with s3_server.filesystem().open_output_stream(f"{s3_root.removeprefix('s3://')}/one/run.json") as sink:
+        sink.write(source.read_bytes())
+    copy = mirror_down(f"{s3_root}/one/run.json")
+    assert copy.name == "run.json" and copy.read_bytes() == source.read_bytes()
