@@ -126,7 +126,11 @@ def judge_targets(
                         rows.append({**base, **row})
                 except Exception as error:  # noqa: BLE001 - one bad run is a row, never a failed fleet
                     name = path.rstrip("/").rpartition("/")[2]
-                    rows.append({**base, "run_id": name, "status": "error", "error": _one_line(error)})
+                    message = _one_line(error)
+                    if path in downloads:  # the run as the user named it, not its local copy
+                        message = message.replace(str(local_copy(path).resolve()), path.rstrip("/"))
+                        message = message.replace(str(local_copy(path)), path.rstrip("/"))
+                    rows.append({**base, "run_id": name, "status": "error", "error": message})
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return rows
