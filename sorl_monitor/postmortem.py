@@ -179,8 +179,7 @@ blocks AS (
 smoothed AS (
     SELECT run_id, reused, block, step, first_step, rows_logged,
            avg(reward) OVER (PARTITION BY run_id ORDER BY block
-                             RANGE BETWEEN {ma_span} PRECEDING AND CURRENT ROW) AS reward_ma,
-           row_number() OVER (PARTITION BY run_id ORDER BY block DESC) AS from_end
+                             RANGE BETWEEN {ma_span} PRECEDING AND CURRENT ROW) AS reward_ma
     FROM blocks
 ),
 peaked AS (
@@ -253,7 +252,7 @@ runs_seen AS (
     SELECT run_id, max(step) AS last_step, sum(rows_logged)::BIGINT AS updates,
            coalesce(arg_max(below, step), false) AS ends_below,
            arg_max(reward_ma / nullif(peak, 0), step) AS end_reward_share,
-           min(step) FILTER (WHERE from_end <= $end_blocks) AS end_step
+           list_min(arg_max(step, block, $end_blocks)) AS end_step  -- the last blocks: a top-n, not a sort
     FROM flagged GROUP BY run_id
 )
 SELECT s.run_id, s.updates, s.last_step, s.ends_below, s.end_reward_share, s.end_step,
