@@ -587,7 +587,7 @@ ORDER BY run_id, step, detector
 detectors combine the others' values in the same block; each block's firing is reported at its last logged
 step; ranks are merged last (the most severe firing wins). ``firing`` keeps a block's value only where it passes
 its warning level (the ``fired`` filter, unchanged), so the ``limits`` join meets the firings, not every block's
-value of every detector (on 250 k blocks, 365 k firings of 3.2 M values: the join was ~0.8 s CPU of ~2.5 s).
+value of every detector (docs/detectors.md, Cost).
 This template is the only place detector SQL is put together."""
 
 
