@@ -1,7 +1,8 @@
 """The post-mortem's faster execution gives the verdict of its reference formulation, on REAL runs.
 
-The reference: the collapse label's recovery window as ``RANGE … FOLLOWING`` in step order and the log's last blocks
-numbered by a ``row_number()`` window, and the alert summary over ``detect_sql()``'s own output (every firing's message
+The reference: the collapse label's recovery window as ``RANGE … FOLLOWING`` in step order, the log's last blocks
+numbered by a ``row_number()`` window and the dips the run recovered from found by two windows (a dip's segment,
+then the block before each return to the peak band), and the alert summary over ``detect_sql()``'s own output (every firing's message
 formatted, ranks merged by its ``QUALIFY``) with every block's value of every detector unpivoted and joined to its
 limits (not only the values above their warning level). Both are computed fresh here and compared with what
 ``postmortem`` returns: whole verdicts, field by field.
@@ -41,6 +42,17 @@ REFERENCE_END = (
     "           row_number() OVER (PARTITION BY run_id ORDER BY block DESC) AS from_end\n",
     "min(step) FILTER (WHERE from_end <= $end_blocks) AS end_step",
 )
+FAST_RECOVERIES = pm.COLLAPSE_SQL[pm.COLLAPSE_SQL.index("segments AS (") : pm.COLLAPSE_SQL.index("held AS (")]
+REFERENCE_RECOVERIES = """segments AS (  -- an in-band block and the blocks out of the band after it: did they dip below?
+    SELECT *, bool_or(below AND NOT in_band) OVER (PARTITION BY run_id, band_seg) AS seg_dipped FROM banded
+),
+recoveries AS (  -- back in the band after a segment that dipped below collapse_fraction of the peak
+    SELECT run_id, step FROM (
+        SELECT run_id, step, in_band, lag(seg_dipped) OVER (PARTITION BY run_id ORDER BY block) AS after_dip
+        FROM segments
+    ) WHERE in_band AND after_dip
+),
+"""
 FAST_FIRED = "FROM (UNPIVOT firing ON "
 REFERENCE_FIRED = "FROM (UNPIVOT detector_values ON "
 
@@ -48,7 +60,10 @@ REFERENCE_FIRED = "FROM (UNPIVOT detector_values ON "
 def reference_collapse_sql() -> str:
     """``COLLAPSE_SQL`` with the reference recovery window and the reference end of the log."""
     ma_span = ma_span_sql("block", "$collapse_ma_steps")
-    sql = pm.COLLAPSE_SQL.replace(FAST_WINDOW, REFERENCE_WINDOW)
+    sql = pm.COLLAPSE_SQL.replace(FAST_WINDOW, REFERENCE_WINDOW).replace(
+        FAST_RECOVERIES, REFERENCE_RECOVERIES
+    )
+    assert "lag(seg_dipped)" in sql
     for fast, reference in zip(FAST_END, REFERENCE_END, strict=True):
         fast, reference = fast.replace("{ma_span}", ma_span), reference.replace("{ma_span}", ma_span)
         assert fast in sql
