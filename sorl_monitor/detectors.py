@@ -565,11 +565,14 @@ base_values AS (
     WINDOW {history_window}
 ),
 detector_values AS (SELECT *{joint_values} FROM base_values),
+firing AS (  -- a value above its warning level, else NULL (dropped by the unpivot): only firings meet the limits
+    SELECT run_id, rank, step, {firing_values} FROM detector_values
+),
 fired AS (
     SELECT run_id, step, detector, value,
            CASE WHEN value > critical THEN 'critical' ELSE 'warning' END AS severity,
            CASE WHEN value > critical THEN critical ELSE warning END AS threshold, message
-    FROM (UNPIVOT detector_values ON {names} INTO NAME detector VALUE value)
+    FROM (UNPIVOT firing ON {names} INTO NAME detector VALUE value)
     JOIN (VALUES {thresholds}) AS limits(detector, warning, critical, message) USING (detector)
     WHERE value > warning AND NOT isnan(value) AND step > $after_step
 )
@@ -582,7 +585,9 @@ ORDER BY run_id, step, detector
 """All selected detectors in one pass. Each rank's rows are averaged per block (``block_sql``: up to
 ``smooth_steps`` steps; rows a trainer splits one step's scalars over are averaged with the rest); joint
 detectors combine the others' values in the same block; each block's firing is reported at its last logged
-step; ranks are merged last (the most severe firing wins).
+step; ranks are merged last (the most severe firing wins). ``firing`` keeps a block's value only where it passes
+its warning level (the ``fired`` filter, unchanged), so the ``limits`` join meets the firings, not every block's
+value of every detector (docs/detectors.md, Cost).
 This template is the only place detector SQL is put together."""
 
 
@@ -630,6 +635,9 @@ def detect_sql(detectors: Sequence[Detector] = DETECTORS) -> str:
         block_of_start=block_sql("$after_step - $lookback"),
         history_window=HISTORY_WINDOW.strip(),
         names=", ".join(d.name for d in detectors),
+        firing_values=", ".join(
+            f"CASE WHEN {d.name} > ${d.warning_key} THEN {d.name} END AS {d.name}" for d in detectors
+        ),
         thresholds=", ".join(
             f"({_quote(d.name)}, ${d.warning_key}::DOUBLE, ${d.critical_key}::DOUBLE, {_quote(d.message)})"
             for d in detectors

@@ -179,8 +179,7 @@ blocks AS (
 smoothed AS (
     SELECT run_id, reused, block, step, first_step, rows_logged,
            avg(reward) OVER (PARTITION BY run_id ORDER BY block
-                             RANGE BETWEEN {ma_span} PRECEDING AND CURRENT ROW) AS reward_ma,
-           row_number() OVER (PARTITION BY run_id ORDER BY block DESC) AS from_end
+                             RANGE BETWEEN {ma_span} PRECEDING AND CURRENT ROW) AS reward_ma
     FROM blocks
 ),
 peaked AS (
@@ -198,13 +197,12 @@ banded AS (
     FROM flagged
 ),
 segments AS (  -- an in-band block and the blocks out of the band after it: did they dip below?
-    SELECT *, bool_or(below AND NOT in_band) OVER (PARTITION BY run_id, band_seg) AS seg_dipped FROM banded
+    SELECT run_id, band_seg, bool_or(below AND NOT in_band) AS seg_dipped FROM banded GROUP BY run_id, band_seg
 ),
-recoveries AS (  -- back in the band after a segment that dipped below collapse_fraction of the peak
-    SELECT run_id, step FROM (
-        SELECT run_id, step, in_band, lag(seg_dipped) OVER (PARTITION BY run_id ORDER BY block) AS after_dip
-        FROM segments
-    ) WHERE in_band AND after_dip
+recoveries AS (  -- back in the band after a segment that dipped below collapse_fraction of the peak (an in-band
+                 -- block starts a segment: the one before it is band_seg − 1; a join, not two windows)
+    SELECT b.run_id, b.step FROM banded b JOIN segments s ON s.run_id = b.run_id AND s.band_seg = b.band_seg - 1
+    WHERE b.in_band AND s.seg_dipped
 ),
 held AS (
     SELECT *, coalesce(bool_or(NOT below) OVER after_drop, false) AS recovers,
@@ -253,7 +251,7 @@ runs_seen AS (
     SELECT run_id, max(step) AS last_step, sum(rows_logged)::BIGINT AS updates,
            coalesce(arg_max(below, step), false) AS ends_below,
            arg_max(reward_ma / nullif(peak, 0), step) AS end_reward_share,
-           min(step) FILTER (WHERE from_end <= $end_blocks) AS end_step
+           list_min(arg_max(step, block, $end_blocks)) AS end_step  -- the last blocks: a top-n, not a sort
     FROM flagged GROUP BY run_id
 )
 SELECT s.run_id, s.updates, s.last_step, s.ends_below, s.end_reward_share, s.end_step,

@@ -1,8 +1,11 @@
 """The post-mortem's faster execution gives the verdict of its reference formulation, on REAL runs.
 
-The reference: the collapse label's recovery window as ``RANGE … FOLLOWING`` in step order, and the alert summary
-over ``detect_sql()``'s own output (every firing's message formatted, ranks merged by its ``QUALIFY``). Both are
-computed fresh here and compared with what ``postmortem`` returns: whole verdicts, field by field.
+The reference: the collapse label's recovery window as ``RANGE … FOLLOWING`` in step order, the log's last blocks
+numbered by a ``row_number()`` window and the dips the run recovered from found by two windows (a dip's segment,
+then the block before each return to the peak band), and the alert summary over ``detect_sql()``'s own output (every firing's message
+formatted, ranks merged by its ``QUALIFY``) with every block's value of every detector unpivoted and joined to its
+limits (not only the values above their warning level). Both are computed fresh here and compared with what
+``postmortem`` returns: whole verdicts, field by field.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from sorl_monitor import postmortem as pm
-from sorl_monitor.detectors import DetectorConfig, detect_params, detect_sql
+from sorl_monitor.detectors import DetectorConfig, detect, detect_params, detect_sql, ma_span_sql
 from sorl_monitor.query import open_runs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,6 +32,51 @@ FAST_WINDOW = """    WINDOW after_drop AS (  -- the next steps, as PRECEDING in 
         RANGE BETWEEN $collapse_recovery_steps PRECEDING AND CURRENT ROW EXCLUDE CURRENT ROW)"""
 REFERENCE_WINDOW = """    WINDOW after_drop AS (PARTITION BY run_id ORDER BY step
                           RANGE BETWEEN CURRENT ROW AND $collapse_recovery_steps FOLLOWING EXCLUDE CURRENT ROW)"""
+
+FAST_END = (
+    "RANGE BETWEEN {ma_span} PRECEDING AND CURRENT ROW) AS reward_ma\n",
+    "list_min(arg_max(step, block, $end_blocks)) AS end_step",
+)
+REFERENCE_END = (
+    "RANGE BETWEEN {ma_span} PRECEDING AND CURRENT ROW) AS reward_ma,\n"
+    "           row_number() OVER (PARTITION BY run_id ORDER BY block DESC) AS from_end\n",
+    "min(step) FILTER (WHERE from_end <= $end_blocks) AS end_step",
+)
+FAST_RECOVERIES = pm.COLLAPSE_SQL[pm.COLLAPSE_SQL.index("segments AS (") : pm.COLLAPSE_SQL.index("held AS (")]
+REFERENCE_RECOVERIES = """segments AS (  -- an in-band block and the blocks out of the band after it: did they dip below?
+    SELECT *, bool_or(below AND NOT in_band) OVER (PARTITION BY run_id, band_seg) AS seg_dipped FROM banded
+),
+recoveries AS (  -- back in the band after a segment that dipped below collapse_fraction of the peak
+    SELECT run_id, step FROM (
+        SELECT run_id, step, in_band, lag(seg_dipped) OVER (PARTITION BY run_id ORDER BY block) AS after_dip
+        FROM segments
+    ) WHERE in_band AND after_dip
+),
+"""
+FAST_FIRED = "FROM (UNPIVOT firing ON "
+REFERENCE_FIRED = "FROM (UNPIVOT detector_values ON "
+
+
+def reference_collapse_sql() -> str:
+    """``COLLAPSE_SQL`` with the reference recovery window and the reference end of the log."""
+    ma_span = ma_span_sql("block", "$collapse_ma_steps")
+    sql = pm.COLLAPSE_SQL.replace(FAST_WINDOW, REFERENCE_WINDOW).replace(
+        FAST_RECOVERIES, REFERENCE_RECOVERIES
+    )
+    assert "lag(seg_dipped)" in sql
+    for fast, reference in zip(FAST_END, REFERENCE_END, strict=True):
+        fast, reference = fast.replace("{ma_span}", ma_span), reference.replace("{ma_span}", ma_span)
+        assert fast in sql
+        sql = sql.replace(fast, reference)
+    return sql
+
+
+def reference_detect_sql() -> str:
+    """``detect_sql()`` with every block's value of every detector joined to its limits."""
+    sql = detect_sql()
+    assert FAST_FIRED in sql
+    return sql.replace(FAST_FIRED, REFERENCE_FIRED)
+
 
 REFERENCE_SUMMARY_SQL = """
 WITH fired AS ({detect_sql})
@@ -55,7 +103,7 @@ ORDER BY first_critical_step NULLS LAST, first_step, detector
 
 def reference_summary(runs, run_id, config=None, streak_from=None, streak_to=None):
     config = config or DetectorConfig()
-    sql = REFERENCE_SUMMARY_SQL.format(detect_sql=detect_sql())
+    sql = REFERENCE_SUMMARY_SQL.format(detect_sql=reference_detect_sql())
     extra = {
         "streak_from": -(2**62) if streak_from is None else streak_from,
         "streak_to": 2**62 if streak_to is None else streak_to,
@@ -83,7 +131,7 @@ def verdicts(path: Path, run_id: str, monkeypatch) -> tuple[dict, dict]:
         fast = pm.postmortem(runs, run_id).to_dict()
         assert FAST_WINDOW in pm.COLLAPSE_SQL
         with monkeypatch.context() as patch:
-            patch.setattr(pm, "COLLAPSE_SQL", pm.COLLAPSE_SQL.replace(FAST_WINDOW, REFERENCE_WINDOW))
+            patch.setattr(pm, "COLLAPSE_SQL", reference_collapse_sql())
             patch.setattr(pm, "summarise_alerts", reference_summary)
             reference = pm.postmortem(runs, run_id).to_dict()
     return rounded(fast), rounded(reference)
@@ -127,3 +175,16 @@ def test_two_rank_run_verdict_is_the_reference_verdict(tmp_path, monkeypatch):
     fast, reference = verdicts(run, info.get("run_id", "token-ppo"), monkeypatch)
     assert fast == reference
     assert fast["top_alerts"]
+
+
+@pytest.mark.parametrize("run", ["token-ppo", "grpo"])
+def test_detect_rows_are_the_reference_rows(run):
+    """Every firing ``detect`` returns on a real sample run is the reference's (every block's value of every
+    detector joined to its limits), row for row."""
+    with open_runs(ROOT / "sample_logs" / run) as runs:
+        fast = detect(runs).to_pylist()
+        sql = reference_detect_sql()
+        reference = runs.sql(sql, detect_params(sql, DetectorConfig())).to_pylist()
+    assert rounded(fast) == rounded(reference)
+    if run == "token-ppo":
+        assert len(fast) > 100
