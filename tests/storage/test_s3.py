@@ -13,12 +13,13 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
+from sorl_monitor import fleet
 from sorl_monitor.cli.main import app
 from sorl_monitor.fleet import UNREAD_TABLES, fleet_verdicts
 from sorl_monitor.local_s3 import SeaweedUnavailable, start_server
-from sorl_monitor.query import open_runs
+from sorl_monitor.query import QueryError, open_runs
 from sorl_monitor.ranks import rank_skew
-from sorl_monitor.storage import local_copy, mirror_down
+from sorl_monitor.storage import mirror_down
 from tests.helpers.s3_ranks import log_updates
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -194,12 +195,22 @@ def test_one_object_is_mirrored_as_one_file(s3_server, s3_root):
     assert copy.name == "run.json" and copy.read_bytes() == source.read_bytes()
 
 
-def test_a_bad_run_in_object_storage_is_an_error_row_that_names_its_uri(s3_server, s3_root):
-    with s3_server.filesystem().open_output_stream(
-        f"{s3_root.removeprefix('s3://')}/broken/steps/rank=0/part-000000.parquet"
-    ) as sink:
-        sink.write(b"not parquet at all")
-    rows = {row["run_id"]: row for row in fleet_verdicts(s3_root, jobs=1).to_pylist()}
-    error = rows["broken"]["error"]
-    assert rows["broken"]["status"] == "error" and error
-    assert str(local_copy(f"{s3_root}/broken")) not in error, error  # not the local copy's path
+def test_an_error_row_of_a_run_in_object_storage_names_its_uri_not_its_local_copy(
+    s3_server, s3_root, monkeypatch
+):
+    """A post-mortem that fails naming the folder it opened (here made to fail: SYNTHETIC error) is reported
+    under the run's s3:// URI: the local copy's path means nothing to the user."""
+    pafs.copy_files(
+        str(SAMPLE_LOGS / "grpo"),
+        f"{s3_root.removeprefix('s3://')}/grpo",
+        source_filesystem=pafs.LocalFileSystem(),
+        destination_filesystem=s3_server.filesystem(),
+    )
+
+    def failing_judge(path, *_):
+        raise QueryError(f"{path}/steps: unreadable")
+
+    monkeypatch.setattr(fleet, "_judge", failing_judge)
+    (row,) = fleet_verdicts(s3_root, jobs=1).to_pylist()
+    assert row["status"] == "error"
+    assert row["error"] == f"QueryError: {s3_root}/grpo/steps: unreadable"
