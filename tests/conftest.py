@@ -3,11 +3,14 @@ and the groups ``make test``'s two pytest-xdist workers (``-n 2 --dist loadgroup
 
 from __future__ import annotations
 
+import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from sorl_monitor.local_s3 import S3Server, SeaweedUnavailable, start_server
 from tests.helpers.runs import write_run
 
 # A shell without job control starts `make test &` with SIGINT ignored, and an ignored signal stays
@@ -43,3 +46,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
     return write_run(tmp_path / "logs", "run-a")
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """A real S3-compatible server (SeaweedFS's ``weed``, ``sorl_monitor.local_s3``) on 127.0.0.1, started once
+    per session with a fresh data folder and one identity (tests that stop and restart a server start their
+    own); skips, with the reason, only where the binary cannot run."""
+    try:
+        server = start_server(tmp_path_factory.mktemp("seaweedfs"))
+    except SeaweedUnavailable as reason:
+        pytest.skip(str(reason))
+    saved = {k: os.environ.get(k) for k in server.env}
+    os.environ.update(server.env)
+    yield server
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    server.stop()
+
+
+@pytest.fixture
+def s3_root(s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh bucket's prefix, with this test's own local cache."""
+    monkeypatch.setenv("SORL_CACHE_DIR", str(tmp_path / "cache"))
+    return f"s3://{s3_server.bucket()}/runs"

@@ -15,7 +15,6 @@ import streamlit as st
 from tests.helpers import ppo_loop, tiny_pg
 from tests.helpers.browser import ARGS, CHROMIUM
 from tests.helpers.dashboard_app import GUARDED, STABLE
-from tests.storage.conftest import s3_root, s3_server  # noqa: F401 - the SeaweedFS server (test_fleet_tables)
 
 
 @pytest.fixture(scope="session", autouse=True)

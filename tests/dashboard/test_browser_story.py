@@ -131,6 +131,7 @@ def test_a_bare_address_opens_on_the_most_urgent_run_and_names_it_in_the_url(sam
     page.goto(sample_url)
     drawn_chart(page, "overview")
     wait_until(lambda: params(page).get("runs") is not None, 60, "the runs in the URL")
+    wait_until(lambda: chosen_runs(page), 60, "the sidebar's run picker (drawn after the views)")
     shown, query = chosen_runs(page), params(page)
     page.close()
     assert shown == ["token-ppo"], "the one run of sample_logs/ that collapsed opens first"

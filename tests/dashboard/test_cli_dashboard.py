@@ -9,7 +9,6 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from sorl_monitor.cli import dashboard as dashboard_cli
 from sorl_monitor.cli.main import app
 from sorl_monitor.dashboard.launch_settings import (
     CONFIG_ENV,
@@ -20,33 +19,16 @@ from sorl_monitor.dashboard.launch_settings import (
     VERDICTS_ENV,
 )
 from sorl_monitor.verdict_table import verdict_table, write_verdicts
+from tests.helpers.browser import free_port
+from tests.helpers.dashboard_launch import stub_launch
 
 runner = CliRunner()
-
-
-class Launched(Exception):
-    """Raised by the stand-in for ``os.execve``: the command and environment it was given."""
-
-    def __init__(self, command: list[str], env: dict[str, str]) -> None:
-        super().__init__("launched")
-        self.command, self.env = command, env
 
 
 @pytest.fixture
 def launch(monkeypatch):
     """Run ``sorl dashboard ARGS`` up to the point where it would start Streamlit; return that launch."""
-
-    def fake_execve(path: str, command: list[str], env: dict[str, str]) -> None:
-        raise Launched(command, env)
-
-    monkeypatch.setattr(dashboard_cli.os, "execve", fake_execve)
-
-    def run(*args: str) -> Launched:
-        result = runner.invoke(app, ["dashboard", *map(str, args)])
-        assert isinstance(result.exception, Launched), result.output
-        return result.exception
-
-    return run
+    return stub_launch(monkeypatch)
 
 
 def option(command: list[str], name: str) -> str:
@@ -121,12 +103,6 @@ def test_a_bad_detector_setting_is_a_one_line_error(tmp_path):
 def test_an_out_of_range_port_is_refused(tmp_path):
     result = runner.invoke(app, ["dashboard", str(tmp_path), "--port", "70000"])
     assert result.exit_code == 2
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_verdicts_given_with_the_option_reach_the_app(launch, tmp_path):

@@ -10,12 +10,12 @@ from pathlib import Path
 import pyarrow.fs as pafs
 from typer.testing import CliRunner
 
-from sorl_monitor.cli import dashboard as dashboard_cli
 from sorl_monitor.cli.main import app as cli
 from sorl_monitor.dashboard.launch_settings import LOG_DIR_ENV, VERDICTS_ENV
 from sorl_monitor.verdict_table import read_verdicts
-from tests.dashboard.test_cli_dashboard import Launched, free_port
+from tests.helpers.browser import free_port
 from tests.helpers.dashboard_app import assert_clean, charts, open_app, page_text
+from tests.helpers.dashboard_launch import stub_launch
 from tests.helpers.paths import ROOT
 
 RUNS = ("token-ppo", "so-ppo-auto-ctn")
@@ -50,13 +50,8 @@ def test_the_run_list_of_an_s3_root_comes_from_the_verdict_table_fleet_wrote_the
 def test_sorl_dashboard_passes_an_s3_root_whole_to_the_app(monkeypatch, s3_server, s3_root):
     copy_runs(s3_root.removeprefix("s3://"), s3_server.filesystem())
 
-    def fake_execve(path: str, command: list[str], env: dict[str, str]) -> None:
-        raise Launched(command, env)
-
-    monkeypatch.setattr(dashboard_cli.os, "execve", fake_execve)
-    result = CliRunner().invoke(cli, ["dashboard", s3_root, "--port", str(free_port())])
-    assert isinstance(result.exception, Launched), result.output
-    assert result.exception.env[LOG_DIR_ENV] == s3_root
+    launched = stub_launch(monkeypatch)(s3_root, "--port", free_port())
+    assert launched.env[LOG_DIR_ENV] == s3_root
     missing = CliRunner().invoke(cli, ["dashboard", s3_root + "-nothing-here"])
     assert missing.exit_code == 2 and "no such bucket or prefix" in missing.output
 
