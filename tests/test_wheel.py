@@ -9,6 +9,7 @@ Builds the wheel, installs it into a new virtualenv (its dependencies come from 
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import subprocess
 import sys
@@ -20,6 +21,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+NOT_SOURCE = (
+    ".git",
+    ".venv*",
+    "build",
+    "*.egg-info",
+    "__pycache__",
+    ".*_cache",
+    "test-artifacts",
+    "experiments",
+)
+"""What the wheel is not built from: the checkout's own build state, venvs, caches and research data."""
 pytestmark = pytest.mark.slow
 
 
@@ -31,7 +43,9 @@ def run(command: list[str], **kwargs) -> subprocess.CompletedProcess:
 def installed(tmp_path_factory) -> Path:
     """A clean venv with the wheel (light core only) installed; its bin folder."""
     scratch = tmp_path_factory.mktemp("wheel")
-    built = run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(scratch), str(ROOT)])
+    source = scratch / "source"  # a private copy: setuptools builds in the tree (build/, *.egg-info)
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*NOT_SOURCE))
+    built = run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(scratch), str(source)])
     assert built.returncode == 0, built.stderr[-2000:]
     wheel = next(scratch.glob("sorl_monitor-*.whl"))
     venv.create(scratch / "venv", with_pip=True)

@@ -190,6 +190,7 @@ def test_a_foreign_collapse_is_told_as_its_log_shows_it(nine_b_url, browser):
     page.goto(nine_b_url)
     drawn_chart(page, "overview")
     wait_until(lambda: "↳" in main_text(page), 120, "the verdict on the status line")
+    wait_until(lambda: "across the collapse" in main_text(page), 60, "the notes under the chart (drawn last)")
     overview = main_text(page)
     screenshot(page, "foreign-9b-overview")
     page.get_by_role("tab", name="Alerts & verdict").click()
