@@ -69,12 +69,28 @@ def cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def timed(label: str, root: str, engine: str, jobs: int, runs: int) -> tuple[float, float]:
-    """Wall seconds and CPU seconds (local engine only: Ray's workers are not this process's children)."""
+def server_cpu_seconds(pid: int | None) -> float | None:
+    """CPU time of the process ``pid`` so far (the S3 server's; Linux ``/proc``), or None."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def timed(
+    label: str, root: str, engine: str, jobs: int, runs: int, server_pid: int | None = None
+) -> tuple[float, float]:
+    """Wall seconds and CPU seconds (local engine only: Ray's workers are not this process's children);
+    with ``server_pid``, the S3 server's CPU time per run is printed on a line of its own."""
     load = os.getloadavg()[0]
+    server_cpu = server_cpu_seconds(server_pid)
     start, cpu = time.perf_counter(), cpu_seconds()
     table = fleet_verdicts(root, engine=engine, jobs=jobs)
     seconds, cpu = time.perf_counter() - start, cpu_seconds() - cpu
+    server_after = server_cpu_seconds(server_pid)
     statuses = table.column("status").to_pylist()
     errors = statuses.count("error")
     per_run = seconds * jobs / runs
@@ -84,6 +100,10 @@ def timed(label: str, root: str, engine: str, jobs: int, runs: int) -> tuple[flo
         f"  load {load:4.1f}  ({statuses.count('collapsed')} collapsed, {errors} errors)",
         flush=True,
     )
+    if server_cpu is not None and server_after is not None:
+        print(
+            f"      the S3 server on the same cores: cpu {(server_after - server_cpu) * 1000 / runs:4.0f} ms/run"
+        )
     return seconds, cpu
 
 
@@ -133,9 +153,10 @@ def judge_in_s3(work: Path, args: argparse.Namespace) -> None:
             use_threads=True,
         )
         print(f"uploaded to s3 in {time.perf_counter() - start:.1f} s", flush=True)
-        timed("s3", f"s3://{bucket}/runs", "local", args.jobs, args.runs)
+        pid = server.process.pid
+        timed("s3", f"s3://{bucket}/runs", "local", args.jobs, args.runs, pid)
         if not args.no_ray:
-            timed("s3", f"s3://{bucket}/runs", "ray", args.jobs, args.runs)
+            timed("s3", f"s3://{bucket}/runs", "ray", args.jobs, args.runs, pid)
     finally:
         server.stop()
 

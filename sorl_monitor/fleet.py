@@ -41,7 +41,14 @@ from sorl_monitor.query import (
     find_runs,
     open_runs,
 )
-from sorl_monitor.storage import StorageError, is_remote, local_copy, mirror_down, remote_runs
+from sorl_monitor.storage import (
+    ListedObject,
+    StorageError,
+    is_remote,
+    local_copy,
+    mirror_down,
+    remote_run_listings,
+)
 from sorl_monitor.verdict_table import VERDICT_COLUMNS, sorted_verdicts, verdict_table
 
 ENGINES = ("local", "ray")
@@ -58,10 +65,13 @@ overlap the DuckDB work of the runs before it."""
 
 @dataclass(frozen=True)
 class Target:
-    """One run to judge: a Parquet run folder or a log file/folder, and when its files last changed."""
+    """One run to judge: a Parquet run folder or a log file/folder, and when its files last changed; for a
+    run in object storage, its objects as the fleet's one LIST found them (its task lists nothing again;
+    ``storage.mirror_down(listing=...)``), without those of tables a post-mortem does not read."""
 
     path: str
     mtime: float | None
+    objects: tuple[ListedObject, ...] = ()
 
 
 def find_targets(
@@ -70,7 +80,14 @@ def find_targets(
     """Every run under ``root`` (a folder of runs and logs, or one run; or an object-store prefix, whose
     targets stay URIs so that each task reads only its run from the store), each its own target."""
     if is_remote(root):
-        return [Target(uri, mtime) for uri, mtime in remote_runs(os.fspath(root), storage_options)]
+        return [
+            Target(
+                run.uri,
+                run.mtime,
+                tuple(o for o in run.objects if o[0].partition("/")[0] not in UNREAD_TABLES),
+            )
+            for run in remote_run_listings(os.fspath(root), storage_options)
+        ]
     root_path = Path(root)
     paths = [str(p) for p in find_runs(root_path, fmt)]
     paths += [str(source.path.resolve()) for source in find_foreign_logs([root_path], fmt)]
@@ -88,38 +105,39 @@ def _mtime(path: Path) -> float | None:
 
 
 def judge_targets(
-    targets: Sequence[tuple[str, float | None]],
+    targets: Sequence[Target],
     fmt: str | None = None,
     settings: Sequence[str] = (),
     config_file: str | None = None,
     storage_options: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
-    """The verdict rows of ``targets`` (``(path, mtime)`` pairs), each opened alone; the one task both
-    engines run. ``config_file`` (TOML) and ``settings`` (``name=value``) as ``postmortem.load_configs``;
-    ``storage_options`` for targets in object storage: those are downloaded on ``DOWNLOAD_THREADS`` threads
-    ahead of their turn (``_download``) and judged as their local copies. The run sets work one after
+    """The verdict rows of ``targets``, each opened alone; the one task both engines run. ``config_file``
+    (TOML) and ``settings`` (``name=value``) as ``postmortem.load_configs``; ``storage_options`` for targets
+    in object storage: those are downloaded on ``DOWNLOAD_THREADS`` threads ahead of their turn
+    (``_download``, from the objects their target lists) and judged as their local copies. The run sets work one after
     another in one DuckDB database (``query.SharedDatabase``), each with its own views."""
     configs = load_configs(config_file, settings)
     now = dt.datetime.now(dt.UTC)
     rows = []
-    remote = [path for path, _ in targets if is_remote(path)]
+    remote = [target for target in targets if is_remote(target.path)]
     folders = [
-        str(Path(path).resolve()) for path, _ in targets if not is_remote(path) and Path(path).is_dir()
+        str(Path(t.path).resolve()) for t in targets if not is_remote(t.path) and Path(t.path).is_dir()
     ]
-    folders += [str(local_copy(path).resolve()) for path in remote]
+    folders += [str(local_copy(target.path).resolve()) for target in remote]
     scratch = tempfile.mkdtemp(prefix="sorl-fleet-")
     try:
         with contextlib.ExitStack() as stack:
             pool = stack.enter_context(concurrent.futures.ThreadPoolExecutor(DOWNLOAD_THREADS))
-            downloads = {path: pool.submit(_download, path, storage_options) for path in remote}
+            downloads = {t.path: pool.submit(_download, t.path, t.objects, storage_options) for t in remote}
             stack.callback(_cancel, downloads)
             database = stack.enter_context(
                 SharedDatabase(
                     threads=1, memory_limit=default_memory_limit(), scratch=scratch, folders=folders
                 )
             )
-            for path, mtime in targets:
-                base = {"path": path, "source_mtime": mtime, "updated_at": now}
+            for target in targets:
+                path = target.path
+                base = {"path": path, "source_mtime": target.mtime, "updated_at": now}
                 try:
                     source = downloads[path].result() if path in downloads else path
                     for row in _judge(source, fmt, configs, storage_options, database):
@@ -136,11 +154,13 @@ def judge_targets(
     return rows
 
 
-def _download(uri: str, storage_options: Mapping[str, str] | None) -> str:
+def _download(uri: str, objects: Sequence[ListedObject], storage_options: Mapping[str, str] | None) -> str:
     """The local copy of a run in object storage, brought up to date without the tables a post-mortem does
-    not read (``storage.mirror_down``); its path is what the task opens."""
+    not read (``storage.mirror_down``, from ``objects`` as the fleet listed them where there are any); its
+    path is what the task opens."""
     try:
-        return str(mirror_down(uri, storage_options, skip_folders=UNREAD_TABLES))
+        listing = objects or None
+        return str(mirror_down(uri, storage_options, skip_folders=UNREAD_TABLES, listing=listing))
     except StorageError as error:
         raise QueryError(str(error)) from None
 
@@ -231,10 +251,9 @@ def fleet_verdicts(
     config = None if config_file is None else str(config_file)
     targets = find_targets(root, fmt, storage_options)
     kept, todo = _unchanged(previous, targets)
-    pairs = [(t.path, t.mtime) for t in todo]
-    work = chunks(pairs, max(1, chunk_size))
+    work = chunks(todo, max(1, chunk_size))
     job = _Job(
-        work, (fmt, tuple(settings), config, dict(storage_options or {})), jobs, address, progress, len(pairs)
+        work, (fmt, tuple(settings), config, dict(storage_options or {})), jobs, address, progress, len(todo)
     )
     rows = _run_ray(job) if engine == "ray" else _run_local(job)
     return sorted_verdicts(pa.concat_tables([kept, verdict_table(rows)]))
@@ -258,7 +277,7 @@ def _unchanged(previous: pa.Table | None, targets: list[Target]) -> tuple[pa.Tab
 class _Job:
     """The chunks to judge, ``judge_targets``' options after the chunk, and how to run and report them."""
 
-    work: list[Sequence[tuple[str, float | None]]]
+    work: list[Sequence[Target]]
     options: tuple[Any, ...]
     jobs: int | None
     address: str | None

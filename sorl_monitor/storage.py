@@ -33,7 +33,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -152,15 +152,23 @@ def mirror_down(
     storage_options: Mapping[str, str] | None = None,
     *,
     skip_folders: Collection[str] = (),
+    listing: Sequence[ListedObject] | None = None,
 ) -> Path:
     """Copy the objects under ``uri`` to ``local_copy(uri)``: new and changed ones, each to a temporary file
     and then renamed (a local reader never sees half a file); files whose objects are gone are removed.
 
     One LIST of the prefix (a HEAD only where it lists nothing: ``uri`` is one object, or nothing); objects
     under a folder named in ``skip_folders`` (a table a reader will not read, e.g. ``modules``) are neither
-    downloaded nor removed."""
+    downloaded nor removed. ``listing``: the objects under ``uri`` as a LIST of a prefix above it found them
+    (``remote_runs(..., objects=True)``), used instead of a LIST of its own; where one of them is gone when
+    fetched (compacted away since), the prefix is listed again and mirrored from that listing."""
+    if listing is not None:
+        fs, root = filesystem(uri, storage_options)
+        objects = [pafs.FileInfo(f"{root}/{key}", pafs.FileType.File, size=size, mtime=mtime)
+                   for key, size, mtime in listing]  # fmt: skip
+        if objects and _mirror_objects(fs, root, objects, uri, skip_folders, single=False, stale_ok=False):
+            return local_copy(uri)
     fs, root = filesystem(uri, storage_options)
-    local = local_copy(uri)
     single = False
     try:
         objects = _listed(fs, root)
@@ -172,6 +180,24 @@ def mirror_down(
                 raise StorageError(f"no such bucket or prefix: {uri}")
     except OSError as error:
         raise StorageError(f"{uri}: {str(error).splitlines()[0]}") from None
+    _mirror_objects(fs, root, objects, uri, skip_folders, single=single, stale_ok=True)
+    local = local_copy(uri)
+    return local.parent / Path(root).name if single else local
+
+
+def _mirror_objects(
+    fs: pafs.FileSystem,
+    root: str,
+    objects: Sequence[pafs.FileInfo],
+    uri: str,
+    skip_folders: Collection[str],
+    *,
+    single: bool,
+    stale_ok: bool,
+) -> bool:
+    """Bring ``local_copy(uri)`` up to ``objects`` (listed under ``root``); False, with nothing removed, where
+    an object is gone when fetched and ``stale_ok`` is false (the listing is older than the store)."""
+    local = local_copy(uri)
     base = root.rpartition("/")[0] if single else root
     folder = local.parent if single else local
     skipped = {LEASE_FOLDER, *skip_folders}
@@ -183,13 +209,15 @@ def mirror_down(
         target = folder / relative
         wanted.add(target)
         if not _download(fs, obj, target, uri):
+            if not stale_ok:
+                return False
             wanted.discard(target)
     if not single and local.is_dir():
         for file in local.rglob("*"):
             keep = file in wanted or skipped.intersection(file.relative_to(local).parts[:-1])
             if file.is_file() and not keep:
                 file.unlink(missing_ok=True)
-    return local.parent / Path(root).name if single else local
+    return True
 
 
 def _listed(fs: pafs.FileSystem, root: str) -> list[pafs.FileInfo]:
@@ -234,6 +262,26 @@ def _stamp(path: Path) -> float:
 def remote_runs(uri: str, storage_options: Mapping[str, str] | None = None) -> list[tuple[str, float]]:
     """The runs and log files directly under ``uri`` in the store, as ``(uri, newest object's mtime)``: a run
     is a folder holding ``run.json`` or a table folder (``steps/``, ``turns/``…); a file is a log."""
+    return [(run.uri, run.mtime) for run in remote_run_listings(uri, storage_options)]
+
+
+ListedObject = tuple[str, int, float]
+"""An object as a LIST found it: its key below a run's URI, its size in bytes, its mtime (seconds)."""
+
+
+@dataclass(frozen=True)
+class RemoteRun:
+    """A run (or log file) in the store, from one LIST of a prefix above it: its URI, its newest object's
+    mtime, and its objects (``mirror_down(listing=...)`` fetches them without listing again; empty for a
+    log that is one object)."""
+
+    uri: str
+    mtime: float
+    objects: tuple[ListedObject, ...]
+
+
+def remote_run_listings(uri: str, storage_options: Mapping[str, str] | None = None) -> list[RemoteRun]:
+    """``remote_runs`` with each run's objects: one LIST of ``uri`` for all of them."""
     fs, root = filesystem(uri, storage_options)
     try:
         objects = [
@@ -244,6 +292,7 @@ def remote_runs(uri: str, storage_options: Mapping[str, str] | None = None) -> l
         raise StorageError(f"{uri}: {str(error).splitlines()[0]}") from None
     newest: dict[str, float] = {}
     is_run: dict[str, bool] = {}
+    listed: dict[str, list[ListedObject]] = {}
     for obj in objects:
         head, _, rest = obj.path[len(root) :].lstrip("/").partition("/")
         if not head or head.startswith(".") or head == "verdicts.parquet":
@@ -251,7 +300,13 @@ def remote_runs(uri: str, storage_options: Mapping[str, str] | None = None) -> l
         newest[head] = max(newest.get(head, 0.0), _mtime(obj))
         second = rest.split("/", 1)[0]
         is_run[head] = is_run.get(head, False) or not rest or second in RUN_MARKERS
-    return [(f"{uri.rstrip('/')}/{name}", newest[name]) for name in sorted(newest) if is_run[name]]
+        if rest:
+            listed.setdefault(head, []).append((rest, obj.size, _mtime(obj)))
+    return [
+        RemoteRun(f"{uri.rstrip('/')}/{name}", newest[name], tuple(listed.get(name, ())))
+        for name in sorted(newest)
+        if is_run[name]
+    ]
 
 
 # ---------------------------------------------------------------------------------------------- writing

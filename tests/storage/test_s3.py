@@ -187,6 +187,32 @@ def test_a_fleet_download_leaves_out_the_tables_it_does_not_read_and_keeps_their
     assert local_files(mirror_down(uri, skip_folders=UNREAD_TABLES)) == every - {part}
 
 
+def test_a_fleet_task_fetches_the_objects_the_fleets_listing_names_and_lists_again_when_one_is_gone(
+    s3_server, s3_root
+):
+    fs = s3_server.filesystem()
+    remote = f"{s3_root.removeprefix('s3://')}/listed/grpo"
+    pafs.copy_files(
+        str(SAMPLE_LOGS / "grpo"), remote, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs
+    )
+    (run,) = fleet.find_targets(f"{s3_root}/listed")
+    assert {key for key, _, _ in run.objects} == {
+        p.relative_to(SAMPLE_LOGS / "grpo").as_posix()
+        for p in (SAMPLE_LOGS / "grpo").rglob("*")
+        if p.is_file() and p.relative_to(SAMPLE_LOGS / "grpo").parts[0] not in UNREAD_TABLES
+    }
+    # the task fetches what the listing names, no more (it lists nothing of its own)
+    without_turns = tuple(o for o in run.objects if not o[0].startswith("turns/"))
+    folder = mirror_down(run.path, skip_folders=UNREAD_TABLES, listing=without_turns)
+    assert not (folder / "turns").exists() and (folder / "run.json").is_file()
+    # compacted away since the listing: the task lists the run again and mirrors it as it is now
+    turns = next(key for key, _, _ in run.objects if key.startswith("turns/"))
+    fs.delete_file(f"{remote}/{turns}")
+    folder = mirror_down(run.path, skip_folders=UNREAD_TABLES, listing=run.objects)
+    fetched = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
+    assert fetched == {key for key, _, _ in run.objects} - {turns}
+
+
 def test_one_object_is_mirrored_as_one_file(s3_server, s3_root):
     source = SAMPLE_LOGS / "grpo" / "run.json"
     with s3_server.filesystem().open_output_stream(f"{s3_root.removeprefix('s3://')}/one/run.json") as sink:
