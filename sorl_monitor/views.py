@@ -26,7 +26,7 @@ import pyarrow as pa
 from sorl_monitor import sql_sandbox
 from sorl_monitor.logs import ForeignRun
 from sorl_monitor.query_errors import QueryError, first_line
-from sorl_monitor.schema import conform, empty_table
+from sorl_monitor.schema import TABLES, conform, empty_table
 from sorl_monitor.sql_sandbox import confine, memory_bytes
 
 RESULT_COPY_WARNING = "Arrow output on a DB-API result makes an extra copy"
@@ -82,6 +82,7 @@ class Views:
             self.memory_limit = database.memory_limit
             if not database.clean:  # a run set before this one did not close: drop what it left
                 _drop_everything(self.con)
+                database.known.clear()
             database.clean = False
         (shown_limit,) = self.con.execute("SELECT current_setting('memory_limit')").fetchall()[0]
         self.memory_limit_bytes = memory_bytes(str(shown_limit))
@@ -91,6 +92,9 @@ class Views:
         """Each in-memory table and its serial number (its Arrow file for a child is named by it)."""
         self._serial = 0
         self._files: dict[str, tuple[str, ...]] = {}
+        self._borrowed: set[str] = set()
+        """In-memory tables of the shared database (``SharedDatabase.known_table``) that views here read: kept
+        in ``_tables`` for ``snapshot``, never dropped by this object."""
 
     def files(self, table: str) -> tuple[str, ...]:
         """The part files behind a view, as last shown."""
@@ -146,12 +150,10 @@ class Views:
         foreign = table == "steps" and bool(foreign_runs)
         if foreign:
             self._store_table(FOREIGN_STEPS, foreign_steps(foreign_runs))
+        known = self._known_table(table)
         if files:
             self._drop(table)
             # every known column, even where no part has it yet (parts written before a column was added)
-            known = f"_sorl_known_{table}"
-            if known not in self._tables:  # the same empty table for the connection's life
-                self._store_table(known, empty_table(table))
             parquet = "SELECT * FROM read_parquet($files, hive_partitioning = true, union_by_name = true)"
             union = f" UNION ALL BY NAME SELECT * FROM {known}"
             union += f" UNION ALL BY NAME SELECT * FROM {FOREIGN_STEPS}" if foreign else ""
@@ -160,8 +162,24 @@ class Views:
         elif foreign:
             self._drop(table)
             self._create_named_view(table, f"SELECT * FROM {FOREIGN_STEPS}")
+        else:  # no rows: the known columns
+            self._drop(table)
+            self._create_named_view(table, f"SELECT * FROM {known}")
+
+    def _known_table(self, table: str) -> str:
+        """The name of an in-memory table with ``table``'s known columns and no rows, created once for the
+        connection's life, or for a shared database's (``SharedDatabase.known_table``: a fleet task's run
+        sets do not each create it again, ~3 ms a table)."""
+        known = f"_sorl_known_{table}"
+        if known in self._tables:
+            return known
+        if self._database is not None and (data := self._database.known.get(known)) is not None:
+            self._serial += 1
+            self._tables[known] = (data, self._serial)
+            self._borrowed.add(known)
         else:
-            self._store_table(table, empty_table(table))
+            self._store_table(known, empty_table(table))
+        return known
 
     @contextlib.contextmanager
     def _swap(self) -> Iterator[None]:
@@ -189,7 +207,7 @@ class Views:
         ``_store_table`` create any, and ``_swap`` keeps their records in step with the connection)."""
         if self._views.pop(name, None) is not None:
             self.con.execute(f"DROP {'TABLE' if name in self._materialize else 'VIEW'} {name}")
-        if self._tables.pop(name, None) is not None:
+        if self._tables.pop(name, None) is not None and name not in self._borrowed:
             self.con.execute(f"DROP TABLE {name}")
 
     def _store_table(self, name: str, data: pa.Table) -> None:
@@ -205,7 +223,7 @@ class Views:
         """Close the connection; on a shared database, drop this object's views and tables first."""
         if self._database is not None:
             with contextlib.suppress(duckdb.Error):
-                for name in [*self._views, *self._tables]:
+                for name in [*self._views, *(t for t in self._tables if t not in self._borrowed)]:
                     self._drop(name)
                 self._database.clean = True
         self.con.close()
@@ -216,7 +234,8 @@ class SharedDatabase:
     on its own cursor: a fleet task judging a chunk of runs connects and confines once (~20 ms of CPU each
     time), not once per run. It may read ``folders`` (every folder of every run set that will use it);
     ``threads`` and ``memory_limit`` are the run sets'. A run set drops its views and tables when it closes,
-    and one that opens drops whatever is left."""
+    and one that opens drops whatever is left. The empty tables of each table's known columns are made once
+    here and shared by the run sets (``known``)."""
 
     def __init__(self, *, threads: int, memory_limit: str, scratch: str, folders: Sequence[str]) -> None:
         self.allowed = allowed_names(folders)
@@ -226,6 +245,15 @@ class SharedDatabase:
         self.con = confined_connection(
             threads=threads, memory_limit=memory_limit, scratch=scratch, allowed=self.allowed
         )
+        self.known: dict[str, pa.Table] = {}
+        """``_sorl_known_<table>`` → its rows (none), for each table of the schema: in-memory tables that run
+        sets read and never drop (emptied if a run set left the database unclean; ``Views`` makes its own)."""
+        for table in TABLES:
+            name, data = f"_sorl_known_{table}", empty_table(table)
+            self.con.register("_sorl_incoming", data)
+            self.con.execute(f"CREATE TABLE {name} AS SELECT * FROM _sorl_incoming")
+            self.con.unregister("_sorl_incoming")
+            self.known[name] = data
 
     def close(self) -> None:
         self.con.close()

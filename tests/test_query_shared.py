@@ -41,13 +41,16 @@ def test_a_copied_table_and_a_run_set_in_a_shared_database_read_what_a_plain_run
     for run in synthetic_runs:
         with open_runs(run) as runs:
             plain[run.name] = {table: rows(runs, table) for table in (*TABLES, "runs")}
+            plain[run.name]["columns"] = {table: runs.columns(table) for table in TABLES}
     folders = [str(run.resolve()) for run in synthetic_runs]
     with SharedDatabase(threads=1, memory_limit="1GiB", scratch=str(tmp_path), folders=folders) as database:
         for run in synthetic_runs:
             with open_runs(
                 run, materialize=("steps", "turns"), database=database, interruptible=False
             ) as runs:
-                assert {table: rows(runs, table) for table in (*TABLES, "runs")} == plain[run.name]
+                got = {table: rows(runs, table) for table in (*TABLES, "runs")}
+                got["columns"] = {table: runs.columns(table) for table in TABLES}
+                assert got == plain[run.name]
                 assert runs.user_sql("SELECT count(*) AS n FROM steps").column("n")[0].as_py() == 4
 
 
@@ -78,3 +81,19 @@ def test_a_run_the_shared_database_may_not_read_gets_a_database_of_its_own(synth
         with open_runs(synthetic_runs[2], database=database) as runs:
             assert {row["run_id"] for row in rows(runs, "steps")} == {"c"}
             assert runs.views.con is not None and database.clean
+
+
+def test_the_empty_tables_of_known_columns_are_made_once_per_shared_database_not_per_run_set(
+    synthetic_runs, tmp_path
+):
+    folders = [str(run.resolve()) for run in synthetic_runs]
+    oids_sql = (
+        "SELECT table_name, table_oid FROM duckdb_tables() WHERE table_name LIKE '_sorl_known_%' ORDER BY 1"
+    )
+    with SharedDatabase(threads=1, memory_limit="1GiB", scratch=str(tmp_path), folders=folders) as database:
+        made = database.con.execute(oids_sql).fetchall()
+        assert [name for name, _ in made] == sorted(f"_sorl_known_{table}" for table in TABLES)
+        for run in synthetic_runs:
+            with open_runs(run, database=database, interruptible=False) as runs:
+                assert runs.columns("alerts") and runs.columns("modules")
+        assert database.con.execute(oids_sql).fetchall() == made
