@@ -248,14 +248,29 @@ def fleet_verdicts(
     if jobs is not None and jobs < 1:
         raise ValueError(f"jobs must be at least 1, not {jobs}")
     load_configs(config_file, settings)  # a bad setting fails here, in one line, not in every task
+    if engine == "local" and address is not None:
+        raise ValueError("--address is for the ray engine")
     config = None if config_file is None else str(config_file)
-    targets = find_targets(root, fmt, storage_options)
-    kept, todo = _unchanged(previous, targets)
-    work = chunks(todo, max(1, chunk_size))
-    job = _Job(
-        work, (fmt, tuple(settings), config, dict(storage_options or {})), jobs, address, progress, len(todo)
-    )
-    rows = _run_ray(job) if engine == "ray" else _run_local(job)
+    with contextlib.ExitStack() as stack:
+        if engine == "ray" and previous is None and (is_remote(root) or Path(root).exists()):
+            # Ray's processes start while the runs are listed (a path that is not there fails at once)
+            lister = stack.enter_context(concurrent.futures.ThreadPoolExecutor(1))
+            listing = lister.submit(find_targets, root, fmt, storage_options)
+            stack.enter_context(_ray_session(jobs, address))
+            targets = listing.result()
+        else:
+            targets = find_targets(root, fmt, storage_options)
+        kept, todo = _unchanged(previous, targets)
+        work = chunks(todo, max(1, chunk_size))
+        options = (fmt, tuple(settings), config, dict(storage_options or {}))
+        job = _Job(work, options, jobs, address, progress, len(todo))
+        if engine == "local":
+            rows = _run_local(job)
+        elif not work:  # a refresh with nothing changed starts no Ray
+            rows = []
+        else:
+            with _ray_session(jobs, address):
+                rows = _run_ray(job)
     return sorted_verdicts(pa.concat_tables([kept, verdict_table(rows)]))
 
 
@@ -290,8 +305,6 @@ class _Job:
 
 
 def _run_local(job: _Job) -> list[dict[str, Any]]:
-    if job.address is not None:
-        raise ValueError("--address is for the ray engine")
     jobs = job.jobs or os.cpu_count() or 1
     rows: list[dict[str, Any]] = []
     if jobs == 1 or len(job.work) <= 1:
@@ -307,30 +320,36 @@ def _run_local(job: _Job) -> list[dict[str, Any]]:
     return rows
 
 
-def _run_ray(job: _Job) -> list[dict[str, Any]]:
+@contextlib.contextmanager
+def _ray_session(jobs: int | None, address: str | None) -> Iterator[None]:
+    """Ray, connected: a local Ray of ``jobs`` CPUs started here (or the cluster at ``address``) and shut
+    down at the end; a Ray already connected (in this process, or an outer ``_ray_session``) is used as it is."""
     try:
         import ray
     except ModuleNotFoundError:
         raise ValueError("the ray engine needs Ray: pip install 'sorl-monitor[fleet]'") from None
-    started_here = not ray.is_initialized()
-    if started_here:
-        init: dict[str, Any] = {
-            "include_dashboard": False,
-            "log_to_driver": False,
-            "logging_level": "ERROR",
-        }
-        if job.address is None:
-            init["num_cpus"] = job.jobs or os.cpu_count() or 1
-        ray.init(address=job.address, **init)
+    if ray.is_initialized():
+        yield
+        return
+    init: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
+    if address is None:
+        init["num_cpus"] = jobs or os.cpu_count() or 1
+    ray.init(address=address, **init)
     try:
-        task = ray.remote(num_cpus=1)(judge_targets)
-        pending = [task.remote(list(chunk), *job.options) for chunk in job.work]
-        rows: list[dict[str, Any]] = []
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            rows += ray.get(done[0])
-            job.report(rows)
-        return rows
+        yield
     finally:
-        if started_here:
-            ray.shutdown()
+        ray.shutdown()
+
+
+def _run_ray(job: _Job) -> list[dict[str, Any]]:
+    """The chunks as Ray tasks (in a ``_ray_session``), rows gathered as they finish."""
+    import ray
+
+    task = ray.remote(num_cpus=1)(judge_targets)
+    pending = [task.remote(list(chunk), *job.options) for chunk in job.work]
+    rows: list[dict[str, Any]] = []
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        rows += ray.get(done[0])
+        job.report(rows)
+    return rows

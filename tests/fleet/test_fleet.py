@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
+from sorl_monitor import fleet
 from sorl_monitor.cli.main import app
 from sorl_monitor.fleet import fleet_verdicts
 from sorl_monitor.query import open_runs
@@ -144,3 +145,15 @@ def test_the_cli_writes_the_table_exits_3_and_runs_and_query_read_it(fleet_dir, 
 def test_bad_options_are_one_line_and_exit_2(fleet_dir, tmp_path, args):
     result = CliRunner().invoke(app, ["fleet", str(fleet_dir), "--out", str(tmp_path / "v.parquet"), *args])
     assert result.exit_code == 2 and "Traceback" not in result.output
+
+
+def test_a_ray_refresh_with_no_run_changed_starts_no_ray(tmp_path, monkeypatch):
+    shutil.copytree(SAMPLE_LOGS / "token-ppo", tmp_path / "token-ppo")
+    table = fleet_verdicts(tmp_path, engine="local", jobs=1)
+
+    def no_ray(*_args):
+        raise AssertionError("Ray started for a refresh with nothing to judge")
+
+    monkeypatch.setattr(fleet, "_ray_session", no_ray)
+    again = fleet_verdicts(tmp_path, engine="ray", jobs=2, previous=table)
+    assert again.to_pylist() == table.to_pylist()
