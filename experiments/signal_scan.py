@@ -1,14 +1,14 @@
 """Scan every logged column for an early collapse signal the detectors miss (issue #26).
 
-    python experiments/signal_scan.py [--corpus experiments/corpus] [--top 30]
+    python experiments/signal_scan.py [--corpus experiments/corpus] [--top 30] [--block 8]
 
 For each candidate (a column, as a per-block series, in one transform, read upward or downward) it prints the
 level only 2 of the stable runs exceed over the whole run (their third-highest per-run maximum) and how many
 collapsing runs exceed it in the window ``experiments/detector_eval.py`` credits (from the run's last recovery
 to the fall's start), of all collapses and of the per-update misses listed in
 ``experiments/results/detector_eval.txt``. The plan and the rule for "separates":
-``experiments/results/detector_eval_signal_scan.md``. Blocks are ``BLOCK`` updates (the detectors' blocks on
-the corpus); per block, the columns' ``mean``, ``max`` and within-block ``std`` are the series. Transforms,
+``experiments/results/detector_eval_signal_scan.md``. Blocks are ``--block`` updates (default ``BLOCK``, the detectors'
+blocks on the corpus); per block, the columns' ``mean``, ``max`` and within-block ``std`` are the series. Transforms,
 judged from update ``FIRST_JUDGED`` on (``x`` the block's value, ``h`` the blocks before it):
 
     raw    x                                          (judged from the first block)
@@ -16,9 +16,9 @@ judged from update ``FIRST_JUDGED`` on (``x`` the block's value, ``h`` the block
     early  x / max(|median of x over updates 16–47|, floor)
     drop   (max h' − x) / max(|max h'|, floor)
     z      (x − mean h') / max(std h', 0.1 |mean h'|, floor)
-    slope  OLS slope over the last SLOPE_BLOCKS blocks × SLOPE_BLOCKS / max(std h', 0.1 |mean h'|, floor)
+    slope  OLS slope over the last n blocks × n / max(std h', 0.1 |mean h'|, floor)   n = SLOPE_STEPS / block, ≥ 4
 
-``h'`` is the previous ``HISTORY_BLOCKS`` blocks (the detectors' 256-step history). ``floor`` is the detectors'
+``h'`` is the blocks of the previous ``HISTORY_STEPS`` updates (the detectors' 256-step history). ``floor`` is the detectors'
 floor where the column has one (``FLOORS``), else 10 % of the column's median |x| over all corpus blocks (a unit,
 so that a zero quiet level does not divide by zero). Upward: the value; downward: its negative.
 """
@@ -47,8 +47,9 @@ from sorl_monitor.query import open_runs  # noqa: E402
 
 BLOCK = 8
 FIRST_JUDGED = 16
-HISTORY_BLOCKS = 32
-SLOPE_BLOCKS = 8
+HISTORY_STEPS = 256
+"""The history a block is judged against (the detectors' ``history_steps``)."""
+SLOPE_STEPS = 64
 NEAR_STEPS = 64
 """A crossing within this many updates before the fall's start is counted apart: a crossing only in the first
 blocks of a run marks a setting's start, not the fall to come."""
@@ -92,7 +93,7 @@ class Result:
     first_steps: list[int]
 
 
-def block_series(corpus: str) -> dict[str, dict[str, np.ndarray]]:
+def block_series(corpus: str, block: int = BLOCK) -> dict[str, dict[str, np.ndarray]]:
     """``{run_id: {"step": block end steps, "<column>_<aggregate>": values}}`` from the corpus Parquet."""
     parts = []
     for name, expr in COLUMNS.items():
@@ -100,7 +101,7 @@ def block_series(corpus: str) -> dict[str, dict[str, np.ndarray]]:
         parts += [f"avg({value}) AS {name}_mean", f"max({value}) AS {name}_max",
                   f"stddev_pop({value}) AS {name}_std"]  # fmt: skip
     sql = f"""
-        SELECT run_id, step // {BLOCK} AS block, max(step) AS step, {", ".join(parts)}
+        SELECT run_id, step // {block} AS block, max(step) AS step, {", ".join(parts)}
         FROM read_parquet('{corpus}/*/steps/*/*.parquet', union_by_name = true)
         GROUP BY run_id, block ORDER BY run_id, block
     """
@@ -117,19 +118,20 @@ def block_series(corpus: str) -> dict[str, dict[str, np.ndarray]]:
 
 
 def transforms(
-    x: np.ndarray, steps: np.ndarray, floor: float, fold_from_start: bool = False
+    x: np.ndarray, steps: np.ndarray, floor: float, fold_from_start: bool = False, block: int = BLOCK
 ) -> dict[str, np.ndarray]:
-    """Every transform of one run's block series (NaN where not judged)."""
+    """Every transform of one run's block series of ``block``-update blocks (NaN where not judged)."""
+    history_blocks, slope_blocks = HISTORY_STEPS // block, max(4, SLOPE_STEPS // block)
     series = pd.Series(x)
     before = series.shift(1)
-    recent = before.rolling(HISTORY_BLOCKS, min_periods=2)
+    recent = before.rolling(history_blocks, min_periods=2)
     history_min, history_max = recent.min().to_numpy(), recent.max().to_numpy()
     mean = recent.mean().to_numpy()
     scale = np.fmax(np.fmax(recent.std(ddof=0).to_numpy(), 0.1 * np.abs(mean)), floor)
     ticks = pd.Series(np.arange(len(x), dtype=float)).where(series.notna())
     slope = (
-        series.rolling(SLOPE_BLOCKS, min_periods=4).cov(ticks)
-        / ticks.rolling(SLOPE_BLOCKS, min_periods=4).var()
+        series.rolling(slope_blocks, min_periods=4).cov(ticks)
+        / ticks.rolling(slope_blocks, min_periods=4).var()
     )
     early = x[(steps >= FIRST_JUDGED) & (steps < 48)]
     early_level = np.nanmedian(early) if np.isfinite(early).any() else np.nan
@@ -143,9 +145,9 @@ def transforms(
             else np.full(len(x), np.nan),
             "drop": (history_max - x) / np.fmax(np.abs(history_max), floor),
             "z": (x - mean) / scale,
-            "slope": slope.to_numpy() * SLOPE_BLOCKS / scale,
+            "slope": slope.to_numpy() * slope_blocks / scale,
         }
-    judged = (steps >= FIRST_JUDGED + BLOCK - 1) & np.isfinite(mean) & np.isfinite(x)
+    judged = (steps >= FIRST_JUDGED + block - 1) & np.isfinite(mean) & np.isfinite(x)
     from_start = ("raw", "fold") if fold_from_start else ("raw",)
     return {k: np.where(judged | (k in from_start), v, np.nan) for k, v in out.items()}
 
@@ -186,11 +188,11 @@ def score_candidate(
     return Result(name, level, len(caught), len(caught & misses), len(near), len(near & misses), first_steps)
 
 
-def scan(corpus: str, misses: set[str]) -> list[Result]:
+def scan(corpus: str, misses: set[str], block: int = BLOCK) -> list[Result]:
     """Every candidate's ``Result`` on the corpus at ``corpus`` (labels as ``experiments/detector_eval.py``'s)."""
     with open_runs([corpus]) as runs:
         labelled = {r.run_id: r for r in detector_eval.labels(runs, DetectorConfig())}
-    series = block_series(corpus)
+    series = block_series(corpus, block)
     stable = [r.run_id for r in labelled.values() if r.collapse_step is None and not r.dipped]
     collapsing = [r for r in labelled.values() if r.collapse_step is not None]
     steps_of = {r: series[r]["step"] for r in series}
@@ -201,7 +203,7 @@ def scan(corpus: str, misses: set[str]) -> list[Result]:
             every = np.concatenate([series[r][key] for r in series])
             floor = FLOORS.get(column) or 0.1 * float(np.nanmedian(np.abs(every)))
             floor = floor if floor > 0 else 1e-6
-            every_kind = {r: transforms(series[r][key], series[r]["step"], floor, column in FOLD_FROM_START)
+            every_kind = {r: transforms(series[r][key], series[r]["step"], floor, column in FOLD_FROM_START, block)
                           for r in series}  # fmt: skip
             for kind in TRANSFORMS:
                 values = {r: every_kind[r][kind] for r in series}
@@ -227,12 +229,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--corpus", default=str(ROOT / "experiments" / "corpus"))
     parser.add_argument("--results", type=Path, default=ROOT / "experiments/results/detector_eval.txt")
     parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--block", type=int, default=BLOCK, help=f"updates per block (default {BLOCK})")
     args = parser.parse_args(argv)
     misses = misses_per_update(args.results)
-    results = scan(args.corpus, misses)
+    if args.block < 1:
+        parser.error("--block must be at least 1")
+    results = scan(args.corpus, misses, args.block)
     results.sort(key=lambda r: (r.missed_caught, r.caught), reverse=True)
-    print(f"{len(results)} candidates; {len(misses)} per-update misses; level: only {STABLE_ALLOWED} stable "
-          "runs exceed it\n")  # fmt: skip
+    print(f"{len(results)} candidates; {len(misses)} per-update misses; blocks of {args.block} updates; level: only "
+          f"{STABLE_ALLOWED} stable runs exceed it\n")  # fmt: skip
     print(f"| candidate | level | collapses caught in time | of the {len(misses)} misses | the same, crossing "
           f"within {NEAR_STEPS} updates of the fall | median first crossing (update) |")  # fmt: skip
     print("|---|---|---|---|---|---|")

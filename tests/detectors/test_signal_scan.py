@@ -36,9 +36,9 @@ def test_synthetic_flat_series_then_a_jump_gives_the_transforms_their_formulas()
 def test_synthetic_ramp_has_its_slope_per_window_in_history_units():
     x = 1.0 + 0.1 * np.arange(16)
     out = signal_scan.transforms(x, STEPS, floor=0.01)
-    history = x[:15]  # fewer blocks than HISTORY_BLOCKS: all of them
+    history = x[:15]  # fewer blocks than the 256-update history holds: all of them
     scale = max(history.std(), 0.1 * history.mean())
-    assert out["slope"][15] == pytest.approx(0.1 * signal_scan.SLOPE_BLOCKS / scale)
+    assert out["slope"][15] == pytest.approx(0.1 * 8 / scale)  # 64 updates: 8 blocks
 
 
 def test_synthetic_fold_from_start_judges_the_first_blocks_against_the_floor():
