@@ -4,7 +4,8 @@ The reference: the collapse label's recovery window as ``RANGE … FOLLOWING`` i
 numbered by a ``row_number()`` window and the dips the run recovered from found by two windows (a dip's segment,
 then the block before each return to the peak band), and the alert summary over ``detect_sql()``'s own output (every firing's message
 formatted, ranks merged by its ``QUALIFY``) with every block's value of every detector unpivoted and joined to its
-limits (not only the values above their warning level). Both are computed fresh here and compared with what
+limits (not only the values above their warning level), each history aggregate over its own ``RANGE`` frame (not
+the blocks counted once and found by position). Both are computed fresh here and compared with what
 ``postmortem`` returns: whole verdicts, field by field.
 """
 
@@ -19,7 +20,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from sorl_monitor import postmortem as pm
-from sorl_monitor.detectors import DetectorConfig, detect, detect_params, detect_sql, ma_span_sql
+from sorl_monitor.detectors import (
+    HISTORY_WINDOW,
+    DetectorConfig,
+    detect,
+    detect_params,
+    detect_sql,
+    ma_span_sql,
+)
 from sorl_monitor.query import open_runs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,6 +63,15 @@ recoveries AS (  -- back in the band after a segment that dipped below collapse_
 """
 FAST_FIRED = "FROM (UNPIVOT firing ON "
 REFERENCE_FIRED = "FROM (UNPIVOT detector_values ON "
+REFERENCE_HISTORY = (  # the history as a RANGE frame of every aggregate, its length and start as aggregates
+    (
+        HISTORY_WINDOW.strip(),
+        """history AS (PARTITION BY run_id, rank ORDER BY block
+                RANGE BETWEEN $history_steps PRECEDING AND CURRENT ROW EXCLUDE CURRENT ROW)""",
+    ),
+    ("history_blocks >= $min_history_blocks", "count(*) OVER history >= $min_history_blocks"),
+    ("first_value(step) OVER history", "min(step) OVER history"),
+)
 
 
 def reference_collapse_sql() -> str:
@@ -72,9 +89,13 @@ def reference_collapse_sql() -> str:
 
 
 def reference_detect_sql() -> str:
-    """``detect_sql()`` with every block's value of every detector joined to its limits."""
+    """``detect_sql()`` with every block's value of every detector joined to its limits, and the history of each
+    detector's aggregates a ``RANGE`` frame of its own (``REFERENCE_HISTORY``)."""
     sql = detect_sql()
     assert FAST_FIRED in sql
+    for fast, reference in REFERENCE_HISTORY:
+        assert fast in sql
+        sql = sql.replace(fast, reference)
     return sql.replace(FAST_FIRED, REFERENCE_FIRED)
 
 
