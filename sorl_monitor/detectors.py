@@ -668,6 +668,31 @@ def fired_sql(detectors: Sequence[Detector] = DETECTORS) -> str:
     return head
 
 
+BLOCKS_START, BLOCKS_END = "WITH reuse AS (", "\nframed AS ("
+"""Where ``DETECT_SQL``'s block aggregation (``reuse``, ``signals``, ``blocks``) begins and ends."""
+BLOCK_STEP = "max(step) AS step"
+"""The ``blocks`` column after which ``blocks_sql`` adds its extra aggregates."""
+
+
+def blocks_sql(detectors: Sequence[Detector] = DETECTORS, extra: str = "") -> str:
+    """``detect_sql(detectors)``'s block aggregation alone: its ``blocks`` rows (one per run, rank and block, with
+    ``reused``, ``step`` and the series), plus ``extra`` (``, <aggregate over signals' rows> AS <name>``…), for a
+    reader that runs several queries over the same blocks (``over_blocks``; the post-mortem)."""
+    head, found, _ = detect_sql(detectors).partition(BLOCKS_END)
+    if not found or head.count(BLOCK_STEP) != 1 or not head.lstrip().startswith(BLOCKS_START):
+        raise AssertionError("DETECT_SQL's block aggregation is no longer where blocks_sql cuts it")
+    return head.rstrip().rstrip(",").replace(BLOCK_STEP, BLOCK_STEP + extra) + "\nSELECT * FROM blocks"
+
+
+def over_blocks(sql: str, table: str) -> str:
+    """``sql`` (``detect_sql``'s or ``fired_sql``'s text, or a query around it) reading its blocks from ``table``
+    (what ``blocks_sql`` computed, with the same detectors, parameters and run) instead of aggregating ``steps``."""
+    start, end = sql.find(BLOCKS_START), sql.find(BLOCKS_END)
+    if start < 0 or end < start:
+        raise AssertionError("over_blocks takes a query around DETECT_SQL's block aggregation")
+    return f"{sql[:start]}WITH blocks AS (SELECT * FROM {table}),{sql[end:]}"
+
+
 _PARAMETER = re.compile(r"\$([a-z_][a-z0-9_]*)")
 
 

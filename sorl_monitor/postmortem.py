@@ -63,10 +63,12 @@ from sorl_monitor.detectors import (
     DetectorConfig,
     bind,
     block_sql,
+    blocks_sql,
     config_from_mapping,
     detect_params,
     fired_sql,
     ma_span_sql,
+    over_blocks,
 )
 from sorl_monitor.query import QueryError, RunSet
 from sorl_monitor.settings import check_settings, parse_assignments, read_toml, replace_settings
@@ -291,6 +293,40 @@ every 5 steps gets the same label):
   ``reward_at_collapse``, ``deepest_dip`` (the lowest moving average ÷ running peak), ``deepest_dip_step``.
 
 Collapse columns are null for a run without one."""
+
+LABEL_BLOCK_COLUMNS = ", min(step) AS first_step, count(*) AS rows_logged, sum(reward) AS reward_sum, count(reward) AS reward_rows"
+"""What the collapse label needs of each detector block besides its series (``reward`` is the finite
+``reward_mean``, as the label's ``avg(reward_mean) FILTER (WHERE isfinite(reward_mean))`` reads it)."""
+
+SHARED_BLOCKS_SQL = blocks_sql(DETECTORS, LABEL_BLOCK_COLUMNS)
+"""The detectors' blocks of one run with the label's columns: computed once (``RunSet.scratch_table``), then
+read by the label, the alert summary and the count of reward rows (one scan and grouping of ``steps``, not three)."""
+
+LABEL_BLOCKS = """WITH blocks AS (  -- COLLAPSE_SQL's blocks from the detectors' (ranks merged: sums, not averages)
+    SELECT run_id, reused, block, max(step) AS step, min(first_step) AS first_step,
+           sum(rows_logged) AS rows_logged, sum(reward_sum) / nullif(sum(reward_rows), 0) AS reward
+    FROM {table} GROUP BY run_id, reused, block
+),
+"""
+LABEL_BLOCKS_END = "smoothed AS ("
+"""Where ``COLLAPSE_SQL``'s own block aggregation (``reuse``, ``blocks``) ends."""
+
+REWARD_ROWS_OVER_BLOCKS = "SELECT coalesce(sum(reward_rows), 0) AS n FROM {table}"
+"""``REWARD_ROWS_SQL`` over ``SHARED_BLOCKS_SQL``'s table."""
+
+
+def count_reward_rows(runs: RunSet, run_id: str, blocks: str | None = None) -> int:
+    """How many of ``run_id``'s rows have a finite reward (``REWARD_ROWS_SQL``; with ``blocks``, from that table of
+    ``SHARED_BLOCKS_SQL``'s rows)."""
+    if blocks is None:
+        return runs.sql(REWARD_ROWS_SQL, {"run_id": run_id}).to_pylist()[0]["n"]
+    return runs.sql(REWARD_ROWS_OVER_BLOCKS.format(table=blocks)).to_pylist()[0]["n"]
+
+
+def collapse_sql_over(table: str) -> str:
+    """``COLLAPSE_SQL`` reading its blocks from ``table`` (``SHARED_BLOCKS_SQL``'s rows) instead of ``steps``."""
+    return LABEL_BLOCKS.format(table=table) + COLLAPSE_SQL[COLLAPSE_SQL.index(LABEL_BLOCKS_END) :]
+
 
 STEP_EVIDENCE_SQL = """
 SELECT avg(coalesce(clip_frac, clip_frac_active)) AS token_clip_frac,
@@ -525,10 +561,15 @@ def label_collapse(
     config: DetectorConfig | None = None,
     run_id: str | None = None,
     postmortem_config: PostmortemConfig | None = None,
+    blocks: str | None = None,
 ) -> pa.Table:
-    """The collapse label of every run (or of ``run_id``): see ``COLLAPSE_SQL``."""
+    """The collapse label of every run (or of ``run_id``): see ``COLLAPSE_SQL``; with ``blocks``, over that table
+    of ``SHARED_BLOCKS_SQL``'s rows (of ``run_id``, with the same ``config``)."""
     params = collapse_params(config or DetectorConfig(), postmortem_config or PostmortemConfig(), run_id)
-    return runs.sql(COLLAPSE_SQL, params)
+    if blocks is None:
+        return runs.sql(COLLAPSE_SQL, params)
+    sql = collapse_sql_over(blocks)
+    return runs.sql(sql, bind(sql, params))
 
 
 STREAK_ROWS = 256
@@ -541,12 +582,14 @@ def summarise_alerts(
     config: DetectorConfig | None = None,
     streak_from: int | None = None,
     streak_to: int | None = None,
+    blocks: str | None = None,
 ) -> list[dict[str, Any]]:
     """Per detector that fired on ``run_id``: severity, first step, first critical step (and the first from
     ``streak_from`` on), last (critical) step, count, strongest firing, last firings up to ``streak_to``
-    (``ALERT_SUMMARY_SQL``)."""
+    (``ALERT_SUMMARY_SQL``); with ``blocks``, over that table of ``SHARED_BLOCKS_SQL``'s rows."""
     config = config or DetectorConfig()
     sql = ALERT_SUMMARY_SQL.format(fired_sql=fired_sql())
+    sql = sql if blocks is None else over_blocks(sql, blocks)
     extra = {
         "streak_from": -(2**62) if streak_from is None else streak_from,
         "streak_to": 2**62 if streak_to is None else streak_to,
@@ -809,24 +852,26 @@ def postmortem(
     settings = postmortem_config or PostmortemConfig()
     info = _run_info(runs, run_id)
     algorithm = info["algorithm"]
-    label = label_collapse(runs, config, run_id, settings).to_pylist()
-    if not label:
-        raise QueryError(f"run {run_id!r} has no steps logged yet")
-    label_row = label[0]
-    fall_guess = (
-        label_row["collapse_step"]
-        if label_row["collapse_step"] is not None
-        else label_row["ending_fall_step"]
-    )
-    summary = summarise_alerts(runs, run_id, config, label_row["recovered_step"], fall_guess)
-    collapse_step = label_row["collapse_step"]
+    shared = detect_params(SHARED_BLOCKS_SQL, config, run_id)
+    with runs.scratch_table(SHARED_BLOCKS_SQL, shared) as blocks:  # one block aggregation for all three
+        label = label_collapse(runs, config, run_id, settings, blocks=blocks).to_pylist()
+        if not label:
+            raise QueryError(f"run {run_id!r} has no steps logged yet")
+        label_row = label[0]
+        fall_guess = (
+            label_row["collapse_step"]
+            if label_row["collapse_step"] is not None
+            else label_row["ending_fall_step"]
+        )
+        summary = summarise_alerts(
+            runs, run_id, config, label_row["recovered_step"], fall_guess, blocks=blocks
+        )
+        collapse_step = label_row["collapse_step"]
+        judged = collapse_step is not None or count_reward_rows(runs, run_id, blocks) > 0
     inputs, not_evaluated = run_inputs(runs, run_id)
     end_signs = [] if collapse_step is not None else _end_signs(label_row, summary, settings)
     divergence_step, diverging_score, rising, diverging_at_end = _divergence(
         summary, label_row, inputs, config
-    )
-    judged = (
-        collapse_step is not None or runs.sql(REWARD_ROWS_SQL, {"run_id": run_id}).to_pylist()[0]["n"] > 0
     )
     if collapse_step is not None:
         status = "collapsed"

@@ -5,8 +5,10 @@ numbered by a ``row_number()`` window and the dips the run recovered from found 
 then the block before each return to the peak band), and the alert summary over ``detect_sql()``'s own output (every firing's message
 formatted, ranks merged by its ``QUALIFY``) with every block's value of every detector unpivoted and joined to its
 limits (not only the values above their warning level), each history aggregate over its own ``RANGE`` frame (not
-the blocks counted once and found by position). Both are computed fresh here and compared with what
-``postmortem`` returns: whole verdicts, field by field.
+the blocks counted once and found by position); the label, the alert summary and the count of reward rows each
+aggregating ``steps`` into blocks of its own (not reading one table of blocks computed once,
+``postmortem.SHARED_BLOCKS_SQL``). Both are computed fresh here and compared with what ``postmortem`` returns:
+whole verdicts, field by field.
 """
 
 from __future__ import annotations
@@ -122,7 +124,19 @@ ORDER BY first_critical_step NULLS LAST, first_step, detector
 """The alert summary as first written: over ``detect_sql()``'s rows (ranks merged, each message formatted)."""
 
 
-def reference_summary(runs, run_id, config=None, streak_from=None, streak_to=None):
+def reference_label(runs, config=None, run_id=None, postmortem_config=None, blocks=None):
+    """The collapse label as ``reference_collapse_sql()`` gives it over ``steps`` (not over the shared ``blocks``)."""
+    params = pm.collapse_params(
+        config or DetectorConfig(), postmortem_config or pm.PostmortemConfig(), run_id
+    )
+    return runs.sql(reference_collapse_sql(), params)
+
+
+def reference_reward_rows(runs, run_id, blocks=None):
+    return runs.sql(pm.REWARD_ROWS_SQL, {"run_id": run_id}).to_pylist()[0]["n"]
+
+
+def reference_summary(runs, run_id, config=None, streak_from=None, streak_to=None, blocks=None):
     config = config or DetectorConfig()
     sql = REFERENCE_SUMMARY_SQL.format(detect_sql=reference_detect_sql())
     extra = {
@@ -151,9 +165,10 @@ def verdicts(path: Path, run_id: str, monkeypatch) -> tuple[dict, dict]:
     with open_runs(path) as runs:
         fast = pm.postmortem(runs, run_id).to_dict()
         assert FAST_WINDOW in pm.COLLAPSE_SQL
-        with monkeypatch.context() as patch:
-            patch.setattr(pm, "COLLAPSE_SQL", reference_collapse_sql())
+        with monkeypatch.context() as patch:  # each over steps, not over the blocks computed once
+            patch.setattr(pm, "label_collapse", reference_label)
             patch.setattr(pm, "summarise_alerts", reference_summary)
+            patch.setattr(pm, "count_reward_rows", reference_reward_rows)
             reference = pm.postmortem(runs, run_id).to_dict()
     return rounded(fast), rounded(reference)
 
