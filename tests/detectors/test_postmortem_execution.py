@@ -5,7 +5,7 @@ numbered by a ``row_number()`` window and the dips the run recovered from found 
 then the block before each return to the peak band), and the alert summary over ``detect_sql()``'s own output (every firing's message
 formatted, ranks merged by its ``QUALIFY``) with every block's value of every detector unpivoted and joined to its
 limits (not only the values above their warning level), each history aggregate over its own ``RANGE`` frame (not
-the blocks counted once and found by position); the label, the alert summary and the count of reward rows each
+the blocks counted once and found by position); the label, the alert summary and the count of reward rows (and the first step) each
 aggregating ``steps`` into blocks of its own (not reading one table of blocks computed once,
 ``postmortem.SHARED_BLOCKS_SQL``). Both are computed fresh here and compared with what ``postmortem`` returns:
 whole verdicts, field by field.
@@ -132,8 +132,8 @@ def reference_label(runs, config=None, run_id=None, postmortem_config=None, bloc
     return runs.sql(reference_collapse_sql(), params)
 
 
-def reference_reward_rows(runs, run_id, blocks=None):
-    return runs.sql(pm.REWARD_ROWS_SQL, {"run_id": run_id}).to_pylist()[0]["n"]
+def reference_run_rows(runs, run_id, blocks=None):
+    return runs.sql(pm.RUN_ROWS_SQL, {"run_id": run_id}).to_pylist()[0]
 
 
 def reference_summary(runs, run_id, config=None, streak_from=None, streak_to=None, blocks=None):
@@ -168,7 +168,7 @@ def verdicts(path: Path, run_id: str, monkeypatch) -> tuple[dict, dict]:
         with monkeypatch.context() as patch:  # each over steps, not over the blocks computed once
             patch.setattr(pm, "label_collapse", reference_label)
             patch.setattr(pm, "summarise_alerts", reference_summary)
-            patch.setattr(pm, "count_reward_rows", reference_reward_rows)
+            patch.setattr(pm, "count_run_rows", reference_run_rows)
             reference = pm.postmortem(runs, run_id).to_dict()
     return rounded(fast), rounded(reference)
 
