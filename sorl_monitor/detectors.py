@@ -565,12 +565,12 @@ signals AS (
     WHERE ($run_id::VARCHAR IS NULL OR run_id = $run_id) AND {block_of_step} > {block_of_start}
 ),
 blocks AS (
-    SELECT run_id, rank, reused, {block_of_step} AS block, max(step) AS step{series}
+    SELECT run_id, rank, reused, {block_of_step} AS block, max(step) AS step{series},
+           {history_blocks} AS history_blocks  -- (one window operator, one sort with the series' windows)
     FROM signals GROUP BY run_id, rank, reused, block
 ),
-framed AS (SELECT *, {history_blocks} AS history_blocks FROM blocks),
 base_values AS (
-    SELECT run_id, rank, step, {values} FROM framed
+    SELECT run_id, rank, step, {values} FROM blocks
     WINDOW {history_window}
 ),
 detector_values AS (SELECT *{joint_values} FROM base_values),
@@ -668,7 +668,7 @@ def fired_sql(detectors: Sequence[Detector] = DETECTORS) -> str:
     return head
 
 
-BLOCKS_START, BLOCKS_END = "WITH reuse AS (", "\nframed AS ("
+BLOCKS_START, BLOCKS_END = "WITH reuse AS (", "\nbase_values AS ("
 """Where ``DETECT_SQL``'s block aggregation (``reuse``, ``signals``, ``blocks``) begins and ends."""
 BLOCK_STEP = "max(step) AS step"
 """The ``blocks`` column after which ``blocks_sql`` adds its extra aggregates."""

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import os
 import shutil
 import tempfile
@@ -95,8 +94,11 @@ __all__ = [
 T = TypeVar("T")
 READ_ATTEMPTS = 4
 """Tries of a query that fails on a part a live writer compacted away meanwhile."""
-_SCRATCH_NUMBERS = itertools.count()
-"""Numbers the scratch tables of every run set (they may share a database)."""
+_SCRATCH_IN_USE: set[int] = set()
+"""The numbers of the scratch tables open in this process (run sets may share a database): a new one takes the
+lowest free number, so one post-mortem after another sends the same statements (``views._refusal`` keeps each
+checked text)."""
+_SCRATCH_LOCK = threading.Lock()
 
 
 def ctrl_c_is_keyboard_interrupt(func: Callable[..., T]) -> Callable[..., T]:
@@ -326,13 +328,18 @@ class RunSet:
         that read one intermediate result several times (the post-mortem's blocks): yields its name, drops it
         on exit. The views' files are those of this moment: a ``refresh`` meanwhile does not change it."""
         check_read_only(query)
-        name = f"_sorl_scratch_{next(_SCRATCH_NUMBERS)}"
-        self._retried(lambda: self.views.create_table(name, query, params))
+        with _SCRATCH_LOCK:
+            number = min(set(range(len(_SCRATCH_IN_USE) + 1)) - _SCRATCH_IN_USE)
+            _SCRATCH_IN_USE.add(number)
+        name = f"_sorl_scratch_{number}"
         try:
+            self._retried(lambda: self.views.create_table(name, query, params))
             yield name
         finally:
             with self._lock, contextlib.suppress(duckdb.Error):  # (closed meanwhile: nothing left to drop)
                 self.views.drop_table(name)
+            with _SCRATCH_LOCK:
+                _SCRATCH_IN_USE.discard(number)
 
     @ctrl_c_is_keyboard_interrupt
     def _retried(self, statement: Callable[[], T]) -> T:
