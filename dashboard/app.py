@@ -189,6 +189,7 @@ if not selected:
 if fleet is not None:
     paths = fleet.by_id()
     live = open_live(tuple(paths[run_id].path for run_id in selected))
+st.session_state[view_parts.CHART_SENT] = False
 tabs = st.tabs(list(VIEWS), key="view", on_change="rerun")
 keep_in_link(next(name for tab, name in zip(tabs, VIEWS, strict=True) if tab.open))
 for tab, (name, render) in zip(tabs, VIEWS.items(), strict=True):
@@ -196,4 +197,8 @@ for tab, (name, render) in zip(tabs, VIEWS.items(), strict=True):
         if tab.open:
             with view_parts.shown_errors(f"the {name} view"):
                 render(live, selected, view_parts.refresh_interval(live_on, settings), options)
-sidebar_choices()
+if st.session_state.get(view_parts.CHOICES_SHOWN) or not st.session_state[view_parts.CHART_SENT]:
+    st.session_state[view_parts.CHOICES_SHOWN] = True
+    sidebar_choices()
+else:  # a session's first page, its chart on the way: the widgets come once it is drawn (view_parts.chart)
+    st.session_state[view_parts.CHOICES_SHOWN] = False
