@@ -89,6 +89,18 @@ def test_a_first_page_sends_its_chart_before_the_sidebars_widgets(monkeypatch, p
     assert alerts.multiselect(key="runs").value == [STABLE]
 
 
+def test_the_sidebars_widgets_once_shown_stay_when_a_chart_is_sent(monkeypatch, ppo_logs):
+    """A first page without a chart (its link's run is not there yet) draws the widgets; the run the viewer
+    then picks draws its chart with them still there, their values kept."""
+    app = open_app(monkeypatch, ppo_logs, runs=["later"], drawn=False)
+    app.select_slider(key="smoothing").set_value(32).run()
+    app.multiselect(key="runs").set_value([STABLE]).run()
+    assert_clean(app)
+    assert "overview" in charts(app)
+    assert app.multiselect(key="runs").value == [STABLE]
+    assert app.select_slider(key="smoothing").value == 32
+
+
 def test_the_sidebars_widgets_come_without_a_report_from_the_chart_after_a_while(monkeypatch, ppo_logs):
     """A browser whose chart never reports its draw still gets the widgets, ``CHOICES_WAIT_S`` after the chart
     was sent (at the view's next redraw)."""
