@@ -297,7 +297,9 @@ def sample_logs(
                     ready[name].append(chart_page_ready(browser, base))
             for name, samples in ready.items():
                 print(f"{f'the chart page alone → plotly.js run{name}':<62} {median(samples)}", flush=True)
-        every = "&".join(f"runs={r}" for r in ("so-ppo", "token-ppo", "grpo", "ppo-auto-ctn", "so-grpo"))
+        every = "&".join(
+            f"runs={r}" for r in sorted(p.name for p in (ROOT / "sample_logs").iterdir() if p.is_dir())
+        )
         for what, query in (("one run (token-ppo)", "runs=token-ppo"), ("five runs overlaid", every)):
             values: dict[str, list[float]] = {name: [] for name in bases}
             for _ in range(repeats):

@@ -121,7 +121,9 @@ st.session_state["pending-runs"] = pending
 def sidebar_choices() -> None:
     """The sidebar's run picker, chart options and run list. Drawn after the views: the overview's chart frame
     (and its plotly.js load) then starts before the browser renders these widgets; their values are read from
-    the session state above, which Streamlit sets from the browser's widgets before each run of the page."""
+    the session state above, which Streamlit sets from the browser's widgets before each run of the page.
+    Once drawn, drawn in every run (``view_parts.CHOICES_SHOWN``): a widget left out of a run loses its value."""
+    st.session_state[view_parts.CHOICES_SHOWN] = True
     with choices_slot:
         choices = run_ids
         filtered = run_ids
@@ -189,6 +191,7 @@ if not selected:
 if fleet is not None:
     paths = fleet.by_id()
     live = open_live(tuple(paths[run_id].path for run_id in selected))
+st.session_state[view_parts.CHART_SENT] = False
 tabs = st.tabs(list(VIEWS), key="view", on_change="rerun")
 keep_in_link(next(name for tab, name in zip(tabs, VIEWS, strict=True) if tab.open))
 for tab, (name, render) in zip(tabs, VIEWS.items(), strict=True):
@@ -196,4 +199,7 @@ for tab, (name, render) in zip(tabs, VIEWS.items(), strict=True):
         if tab.open:
             with view_parts.shown_errors(f"the {name} view"):
                 render(live, selected, view_parts.refresh_interval(live_on, settings), options)
-sidebar_choices()
+if st.session_state.get(view_parts.CHOICES_SHOWN) or not st.session_state[view_parts.CHART_SENT]:
+    sidebar_choices()
+else:  # a session's first page, its chart on the way: the widgets come once it is drawn (view_parts.chart)
+    st.session_state[view_parts.CHOICES_SHOWN] = False

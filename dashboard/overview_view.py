@@ -125,7 +125,7 @@ def run_status(live: LiveRuns, known: list[str]) -> None:
             for info in ranked
         ]
         st.markdown("\n\n".join(lines))
-        st.caption(f"checked {time.strftime('%H:%M:%S')}")
+        st.caption(f"checked {time.strftime('%H:%M:%S')}".replace(":", "\\:"))
 
 
 def _known_status(live: LiveRuns, run_id: str) -> str | None:

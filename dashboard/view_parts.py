@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -89,7 +90,27 @@ def chart(
     ``options`` changed (every viewer of the same runs shares the figure)."""
     versions = tuple((run_id, live.version(run_id)) for run_id in run_ids)
     spec, basic = _figure_json(key, id(live), versions, repr(options), build)
-    live_chart(spec, key=key, revision=hash(versions), basic=basic)
+    drawn = live_chart(spec, key=key, revision=hash(versions), basic=basic)
+    st.session_state[CHART_SENT] = True
+    if not st.session_state.get(CHOICES_SHOWN):
+        waiting_since = st.session_state.setdefault(CHOICES_WAITING, time.monotonic())
+        if drawn or time.monotonic() - waiting_since > CHOICES_WAIT_S:
+            st.session_state[CHOICES_SHOWN] = True
+            st.rerun(scope="app")  # the page again, now with the sidebar's widgets
+
+
+CHART_SENT = "chart-sent"
+"""Session key: a live chart was sent in this run of the page (``app.py`` resets it before the views)."""
+CHOICES_SHOWN = "choices-shown"
+"""Session key: the sidebar's run picker, chart options and run list are drawn. A session's first page leaves
+them out while its chart is on the way (their widgets' code, loaded by the browser when they first appear,
+held the chart's frame and its plotly.js fetch back by 0.3-0.8 s); the chart's first draw (the component's value) or
+``CHOICES_WAIT_S`` of fragment reruns without it sets it and reruns the page."""
+CHOICES_WAITING = "choices-waiting"
+"""Session key: since when (``time.monotonic()``) the page waits for its first chart to be drawn."""
+CHOICES_WAIT_S = 3.0
+"""The sidebar's widgets are drawn at the latest this long after the first chart was sent (a browser whose
+chart never reports being drawn), at the view's next live redraw."""
 
 
 @st.cache_data(max_entries=48, show_spinner=False)

@@ -31,6 +31,7 @@ import pyarrow as pa
 
 from sorl_monitor.detectors import (
     DETECT_SQL,
+    HISTORY_BLOCKS,
     HISTORY_WINDOW,
     KNOWN,
     REUSE_COLUMNS,
@@ -68,13 +69,13 @@ FOLDS = {
 def sql_fingerprint(names: Sequence[str]) -> str:
     """A hash of the SQL that defines ``names`` (their values, signals, blocks, history, the query template)."""
     detectors = get_detectors(names)
-    parts = [DETECT_SQL, HISTORY_WINDOW, KNOWN, REUSED, block_sql("step")]
+    parts = [DETECT_SQL, HISTORY_BLOCKS, HISTORY_WINDOW, KNOWN, REUSED, block_sql("step")]
     parts += [f"{d.name}:{d.value}" for d in detectors]
     parts += [f"{s}:{SIGNALS[s].expression}" for d in detectors for s in d.signals]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
-SQL_CHECKED = "eda951138913ed23"
+SQL_CHECKED = "c913918819487725"
 """``sql_fingerprint(FOLDS)`` of the SQL the screen was last checked against."""
 
 

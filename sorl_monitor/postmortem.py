@@ -63,10 +63,12 @@ from sorl_monitor.detectors import (
     DetectorConfig,
     bind,
     block_sql,
+    blocks_sql,
     config_from_mapping,
     detect_params,
     fired_sql,
     ma_span_sql,
+    over_blocks,
 )
 from sorl_monitor.query import QueryError, RunSet
 from sorl_monitor.settings import check_settings, parse_assignments, read_toml, replace_settings
@@ -292,6 +294,40 @@ every 5 steps gets the same label):
 
 Collapse columns are null for a run without one."""
 
+LABEL_BLOCK_COLUMNS = ", min(step) AS first_step, count(*) AS rows_logged, sum(reward) AS reward_sum, count(reward) AS reward_rows"
+"""What the collapse label needs of each detector block besides its series (``reward`` is the finite
+``reward_mean``, as the label's ``avg(reward_mean) FILTER (WHERE isfinite(reward_mean))`` reads it)."""
+
+SHARED_BLOCKS_SQL = blocks_sql(DETECTORS, LABEL_BLOCK_COLUMNS)
+"""The detectors' blocks of one run with the label's columns: computed once (``RunSet.scratch_table``), then
+read by the label, the alert summary and the count of reward rows (one scan and grouping of ``steps``, not three)."""
+
+LABEL_BLOCKS = """WITH blocks AS (  -- COLLAPSE_SQL's blocks from the detectors' (ranks merged: sums, not averages)
+    SELECT run_id, reused, block, max(step) AS step, min(first_step) AS first_step,
+           sum(rows_logged) AS rows_logged, sum(reward_sum) / nullif(sum(reward_rows), 0) AS reward
+    FROM {table} GROUP BY run_id, reused, block
+),
+"""
+LABEL_BLOCKS_END = "smoothed AS ("
+"""Where ``COLLAPSE_SQL``'s own block aggregation (``reuse``, ``blocks``) ends."""
+
+RUN_ROWS_OVER_BLOCKS = "SELECT coalesce(sum(reward_rows), 0) AS n, min(first_step) AS first_step FROM {table}"
+"""``RUN_ROWS_SQL`` over ``SHARED_BLOCKS_SQL``'s table."""
+
+
+def count_run_rows(runs: RunSet, run_id: str, blocks: str | None = None) -> dict[str, Any]:
+    """``run_id``'s rows with a finite reward (``n``) and its first step (``RUN_ROWS_SQL``; with ``blocks``, from
+    that table of ``SHARED_BLOCKS_SQL``'s rows)."""
+    if blocks is None:
+        return runs.sql(RUN_ROWS_SQL, {"run_id": run_id}).to_pylist()[0]
+    return runs.sql(RUN_ROWS_OVER_BLOCKS.format(table=blocks)).to_pylist()[0]
+
+
+def collapse_sql_over(table: str) -> str:
+    """``COLLAPSE_SQL`` reading its blocks from ``table`` (``SHARED_BLOCKS_SQL``'s rows) instead of ``steps``."""
+    return LABEL_BLOCKS.format(table=table) + COLLAPSE_SQL[COLLAPSE_SQL.index(LABEL_BLOCKS_END) :]
+
+
 STEP_EVIDENCE_SQL = """
 SELECT avg(coalesce(clip_frac, clip_frac_active)) AS token_clip_frac,
        avg(clip_frac_turn) AS turn_clip_frac,
@@ -317,10 +353,11 @@ SELECT regr_slope(clip_frac, policy_lag) AS clip_frac_per_lag_early,
        avg(coalesce(clip_frac, clip_frac_active)) AS clip_frac_early,
        min(entropy) AS entropy_early,
        avg(coalesce(response_len_mean, completion_len_mean)) AS length_early
-FROM steps WHERE run_id = $run_id AND step < (SELECT min(step) FROM steps WHERE run_id = $run_id) + $root_cause_steps
+FROM steps WHERE run_id = $run_id AND step < $first_step + $root_cause_steps
 """
-"""The run's first ``root_cause_steps`` steps (the healthy reference): how fast clip fraction grows with
-policy lag, its level, the entropy and the response length."""
+"""The run's first ``root_cause_steps`` steps from its ``first_step`` (the healthy reference): how fast clip
+fraction grows with policy lag, its level, the entropy and the response length. (The first step as a value, not a
+subquery: DuckDB then filters the scan by it, 0.06 → 0.025 s CPU on 2 M rows.)"""
 
 TURN_EVIDENCE_SQL = """
 SELECT count(*) AS turn_rows,
@@ -439,10 +476,12 @@ def remedy_for(cause: str, family: str | None) -> str:
 
 DETECTOR_FAMILY = {d.name: d.family for d in DETECTORS}
 
-REWARD_ROWS_SQL = (
-    "SELECT count(*) FILTER (WHERE isfinite(reward_mean)) AS n FROM steps WHERE run_id = $run_id"
+RUN_ROWS_SQL = (
+    "SELECT count(*) FILTER (WHERE isfinite(reward_mean)) AS n, min(step) AS first_step FROM steps"
+    " WHERE run_id = $run_id"
 )
-"""How many rows of the run have a reward the collapse label can use (none: the run is ``not_judged``)."""
+"""How many rows of the run have a reward the collapse label can use (none: the run is ``not_judged``), and its
+first step (``EARLY_SQL``'s)."""
 INPUTS_SQL = "SELECT {counts} FROM steps WHERE run_id = $run_id"
 """How many rows of the run carry each detector input column."""
 
@@ -525,10 +564,15 @@ def label_collapse(
     config: DetectorConfig | None = None,
     run_id: str | None = None,
     postmortem_config: PostmortemConfig | None = None,
+    blocks: str | None = None,
 ) -> pa.Table:
-    """The collapse label of every run (or of ``run_id``): see ``COLLAPSE_SQL``."""
+    """The collapse label of every run (or of ``run_id``): see ``COLLAPSE_SQL``; with ``blocks``, over that table
+    of ``SHARED_BLOCKS_SQL``'s rows (of ``run_id``, with the same ``config``)."""
     params = collapse_params(config or DetectorConfig(), postmortem_config or PostmortemConfig(), run_id)
-    return runs.sql(COLLAPSE_SQL, params)
+    if blocks is None:
+        return runs.sql(COLLAPSE_SQL, params)
+    sql = collapse_sql_over(blocks)
+    return runs.sql(sql, bind(sql, params))
 
 
 STREAK_ROWS = 256
@@ -541,12 +585,14 @@ def summarise_alerts(
     config: DetectorConfig | None = None,
     streak_from: int | None = None,
     streak_to: int | None = None,
+    blocks: str | None = None,
 ) -> list[dict[str, Any]]:
     """Per detector that fired on ``run_id``: severity, first step, first critical step (and the first from
     ``streak_from`` on), last (critical) step, count, strongest firing, last firings up to ``streak_to``
-    (``ALERT_SUMMARY_SQL``)."""
+    (``ALERT_SUMMARY_SQL``); with ``blocks``, over that table of ``SHARED_BLOCKS_SQL``'s rows."""
     config = config or DetectorConfig()
     sql = ALERT_SUMMARY_SQL.format(fired_sql=fired_sql())
+    sql = sql if blocks is None else over_blocks(sql, blocks)
     extra = {
         "streak_from": -(2**62) if streak_from is None else streak_from,
         "streak_to": 2**62 if streak_to is None else streak_to,
@@ -577,15 +623,22 @@ def _ratio(numerator: float | None, denominator: float | None) -> float | None:
 
 
 def gather_evidence(
-    runs: RunSet, run_id: str, start: int, end: int, config: PostmortemConfig
+    runs: RunSet,
+    run_id: str,
+    start: int,
+    end: int,
+    config: PostmortemConfig,
+    first_step: int | None = None,
 ) -> dict[str, Any]:
-    """Evidence numbers over ``[start, end]``: token vs turn tails, growth with policy lag, CTN share."""
+    """Evidence numbers over ``[start, end]``: token vs turn tails, growth with policy lag, CTN share (and the
+    run's early levels from its ``first_step``, read from ``steps`` when not given)."""
     params = {"run_id": run_id, "start": start, "end": end}
     evidence: dict[str, Any] = {"window_start": start, "window_end": end}
     evidence.update(runs.sql(STEP_EVIDENCE_SQL, params).to_pylist()[0])
-    evidence.update(
-        runs.sql(EARLY_SQL, {"run_id": run_id, "root_cause_steps": config.root_cause_steps}).to_pylist()[0]
-    )
+    if first_step is None:
+        first_step = count_run_rows(runs, run_id)["first_step"]
+    early = {"run_id": run_id, "root_cause_steps": config.root_cause_steps, "first_step": first_step}
+    evidence.update(runs.sql(EARLY_SQL, early).to_pylist()[0])
     evidence.update(
         runs.sql(TURN_EVIDENCE_SQL, {**params, "turn_ratio_eps": config.turn_ratio_eps}).to_pylist()[0]
     )
@@ -809,24 +862,27 @@ def postmortem(
     settings = postmortem_config or PostmortemConfig()
     info = _run_info(runs, run_id)
     algorithm = info["algorithm"]
-    label = label_collapse(runs, config, run_id, settings).to_pylist()
-    if not label:
-        raise QueryError(f"run {run_id!r} has no steps logged yet")
-    label_row = label[0]
-    fall_guess = (
-        label_row["collapse_step"]
-        if label_row["collapse_step"] is not None
-        else label_row["ending_fall_step"]
-    )
-    summary = summarise_alerts(runs, run_id, config, label_row["recovered_step"], fall_guess)
-    collapse_step = label_row["collapse_step"]
+    shared = detect_params(SHARED_BLOCKS_SQL, config, run_id)
+    with runs.scratch_table(SHARED_BLOCKS_SQL, shared) as blocks:  # one block aggregation for all three
+        label = label_collapse(runs, config, run_id, settings, blocks=blocks).to_pylist()
+        if not label:
+            raise QueryError(f"run {run_id!r} has no steps logged yet")
+        label_row = label[0]
+        fall_guess = (
+            label_row["collapse_step"]
+            if label_row["collapse_step"] is not None
+            else label_row["ending_fall_step"]
+        )
+        summary = summarise_alerts(
+            runs, run_id, config, label_row["recovered_step"], fall_guess, blocks=blocks
+        )
+        collapse_step = label_row["collapse_step"]
+        run_rows = count_run_rows(runs, run_id, blocks)
+        judged = collapse_step is not None or run_rows["n"] > 0
     inputs, not_evaluated = run_inputs(runs, run_id)
     end_signs = [] if collapse_step is not None else _end_signs(label_row, summary, settings)
     divergence_step, diverging_score, rising, diverging_at_end = _divergence(
         summary, label_row, inputs, config
-    )
-    judged = (
-        collapse_step is not None or runs.sql(REWARD_ROWS_SQL, {"run_id": run_id}).to_pylist()[0]["n"] > 0
     )
     if collapse_step is not None:
         status = "collapsed"
@@ -842,7 +898,9 @@ def postmortem(
         label_row["ending_fall_step"] if status == "collapsing" else None
     )  # fmt: skip
     end = fall_step if fall_step is not None else label_row["last_step"]
-    evidence = gather_evidence(runs, run_id, max(0, end - settings.root_cause_steps), end, settings)
+    evidence = gather_evidence(
+        runs, run_id, max(0, end - settings.root_cause_steps), end, settings, run_rows["first_step"]
+    )
     for key in ("reward_peak", "reward_at_collapse", "deepest_dip", "deepest_dip_step", "end_reward_share"):
         evidence[key] = label_row[key]
     evidence["ctn_switches"] = runs.sql(

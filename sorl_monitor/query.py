@@ -23,13 +23,14 @@ folder).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
 import tempfile
 import threading
 import weakref
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -93,6 +94,11 @@ __all__ = [
 T = TypeVar("T")
 READ_ATTEMPTS = 4
 """Tries of a query that fails on a part a live writer compacted away meanwhile."""
+_SCRATCH_IN_USE: set[int] = set()
+"""The numbers of the scratch tables open in this process (run sets may share a database): a new one takes the
+lowest free number, so one post-mortem after another sends the same statements (``views._refusal`` keeps each
+checked text)."""
+_SCRATCH_LOCK = threading.Lock()
 
 
 def ctrl_c_is_keyboard_interrupt(func: Callable[..., T]) -> Callable[..., T]:
@@ -314,10 +320,35 @@ class RunSet:
         For the package's own queries; a user's statement goes through ``user_sql`` (time limit, no lock).
         """
         check_read_only(query)
+        return self._retried(lambda: self.views.run(query, params))
+
+    @contextlib.contextmanager
+    def scratch_table(self, query: str, params: dict[str, Any] | None = None) -> Iterator[str]:
+        """``query``'s rows (read-only SQL over the views) as an in-memory table, for the package's own queries
+        that read one intermediate result several times (the post-mortem's blocks): yields its name, drops it
+        on exit. The views' files are those of this moment: a ``refresh`` meanwhile does not change it."""
+        check_read_only(query)
+        with _SCRATCH_LOCK:
+            number = min(set(range(len(_SCRATCH_IN_USE) + 1)) - _SCRATCH_IN_USE)
+            _SCRATCH_IN_USE.add(number)
+        name = f"_sorl_scratch_{number}"
+        try:
+            self._retried(lambda: self.views.create_table(name, query, params))
+            yield name
+        finally:
+            with self._lock, contextlib.suppress(duckdb.Error):  # (closed meanwhile: nothing left to drop)
+                self.views.drop_table(name)
+            with _SCRATCH_LOCK:
+                _SCRATCH_IN_USE.discard(number)
+
+    @ctrl_c_is_keyboard_interrupt
+    def _retried(self, statement: Callable[[], T]) -> T:
+        """``statement()`` under the lock, as ``sql`` runs a query: a part compacted away or corrupt is retried
+        after a refresh; any other problem is a one-line ``QueryError``."""
         with self._lock:
             for attempt in range(READ_ATTEMPTS):
                 try:
-                    return self.views.run(query, params)
+                    return statement()
                 except QUERY_MISTAKES as error:
                     raise QueryError(f"bad SQL: {first_line(error)}") from None
                 except duckdb.InterruptException:

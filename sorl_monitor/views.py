@@ -141,6 +141,23 @@ class Views:
         finally:
             cursor.close()
 
+    def create_table(self, name: str, query: str, params: dict[str, Any] | None) -> None:
+        """An in-memory table ``name`` of ``query``'s rows (no check: ``check_read_only`` first), on a new cursor
+        as ``run``; not one of the views' tables (``drop_table`` drops it; a user's statement does not see it)."""
+        statement = f"CREATE TABLE {name} AS {query}"
+        cursor = self.con.cursor()
+        try:
+            if self._interruptible:
+                cursor.sql(statement, params=params or None)
+            else:
+                cursor.execute(statement, params or None)
+        finally:
+            cursor.close()
+
+    def drop_table(self, name: str) -> None:
+        """Drop what ``create_table`` made."""
+        self.con.execute(f"DROP TABLE IF EXISTS {name}")
+
     @staticmethod
     def read_parts(cursor: duckdb.DuckDBPyConnection, sql: str, files: list[str]) -> pa.Table:
         """``sql`` (a query over ``read_parquet($files, …)``) over ``files``."""

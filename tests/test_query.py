@@ -163,3 +163,35 @@ def test_ctrl_c_during_a_query_is_a_keyboard_interrupt_not_a_crash(tmp_path):
         cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.stdout.strip() == "KeyboardInterrupt", done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("interruptible", [True, False])
+def test_a_scratch_table_holds_a_query_s_rows_until_its_block_ends(tmp_path, interruptible):
+    write_run(tmp_path, "a", updates=5)
+    with open_runs(tmp_path, interruptible=interruptible) as runs:
+        query = "SELECT run_id, step, reward_mean FROM steps WHERE step >= $from"
+        with (
+            runs.scratch_table(query, {"from": 2}) as first,
+            runs.scratch_table(query, {"from": 4}) as second,
+        ):
+            assert first != second
+            counts = runs.sql(f"SELECT (SELECT count(*) FROM {first}) a, (SELECT count(*) FROM {second}) b")
+            assert counts.to_pylist() == [{"a": 3, "b": 1}]
+            assert runs.sql(f"SELECT * FROM {first} ORDER BY step") == runs.sql(
+                query + " ORDER BY step", {"from": 2}
+            )
+        with pytest.raises(QueryError, match="does not exist"):
+            runs.sql(f"SELECT * FROM {first}")
+
+
+def test_a_scratch_table_takes_only_read_only_sql_and_its_mistakes_are_one_line_errors(tmp_path):
+    write_run(tmp_path, "a", updates=2)
+    with open_runs(tmp_path) as runs:
+        with pytest.raises(QueryError), runs.scratch_table("DROP VIEW steps"):
+            pass
+        with (
+            pytest.raises(QueryError, match="bad SQL"),
+            runs.scratch_table("SELECT no_such_column FROM steps"),
+        ):
+            pass
+        assert runs.sql("SELECT count(*) n FROM steps").to_pylist() == [{"n": 2}]

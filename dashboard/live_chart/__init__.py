@@ -86,9 +86,11 @@ def basic_enough(trace_types: Iterable[str]) -> bool:
     return set(trace_types) <= BASIC_TRACES
 
 
-def live_chart(spec: str, key: str, revision: int = 0, basic: bool = False) -> None:
+def live_chart(spec: str, key: str, revision: int = 0, basic: bool = False) -> bool:
     """Draw the plotly figure ``spec`` (``Figure.to_json()``) in the chart called ``key``; ``revision``
     (the data's version) is kept on the chart element for tests that wait for a redraw. ``basic``: the
     figure's traces are all ``BASIC_TRACES`` (``basic_enough``), so its chart loads the smaller bundle; a
-    key keeps one of the two (its chart is mounted again if it changes)."""
-    (_basic_component if basic else _component)(spec=spec, revision=revision, key=key, default=None)
+    key keeps one of the two (its chart is mounted again if it changes). True once the browser has drawn
+    the chart (its page sends that once, after its first draw: a rerun of the fragment that holds it)."""
+    component = _basic_component if basic else _component
+    return bool(component(spec=spec, revision=revision, key=key, default=False))

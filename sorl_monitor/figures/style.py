@@ -36,6 +36,16 @@ COLLAPSE_COLOR = "#7f1d1d"
 MISSING_CELL = "#d4d4d4"
 """Heatmap background: a cell nothing was logged for is grey, never the white of w̄ = 1."""
 FONT = {"size": 11}
+_NARROW, _WIDE = frozenset("fijlrtI.,:;'|!·()[]/- "), frozenset("mwMW")
+
+
+def text_px(text: str, size: float) -> float:
+    """An upper estimate of ``text``'s width in pixels at font ``size`` in plotly's fonts ("Open Sans",
+    verdana, arial): Verdana's widths, the widest of them, rounded up by class: narrow letters and
+    punctuation 0.43 em, m and w 1 em, other capitals 0.8 em, anything else 0.64 em."""
+    return size * sum(
+        0.43 if ch in _NARROW else 1.0 if ch in _WIDE else 0.8 if ch.isupper() else 0.64 for ch in text
+    )
 
 
 def run_color(index: int) -> str:

@@ -10,7 +10,7 @@ import pyarrow.compute as pc
 import pytest
 
 from sorl_monitor import Monitor
-from sorl_monitor.dashboard import sql_view
+from sorl_monitor.dashboard import sql_view, view_parts
 from sorl_monitor.dashboard.launch_settings import SQL_TIMEOUT_ENV
 from sorl_monitor.postmortem import postmortem
 from sorl_monitor.query import open_runs
@@ -18,6 +18,7 @@ from tests.helpers.dashboard_app import (
     GUARDED,
     STABLE,
     assert_clean,
+    chart_drawn,
     charts,
     open_app,
     page_text,
@@ -71,6 +72,58 @@ def test_overview_options_change_the_x_axis_smoothing_log_scale_and_alert_famili
     assert any(t.get("opacity") == 0.3 for t in figure["data"])  # raw curves kept, faint, under the smoothed
     families = {t["legendgroup"] for t in figure["data"] if t.get("legendgroup", "").startswith("alerts/")}
     assert families <= {"alerts/kl"}
+
+
+def test_a_first_page_sends_its_chart_before_the_sidebars_widgets(monkeypatch, ppo_logs):
+    """A session's first page leaves the run picker and chart options out until its chart reports being
+    drawn (then the page runs again with them); a view without a chart draws them at once."""
+    app = open_app(monkeypatch, ppo_logs, drawn=False)
+    assert "overview" in charts(app)
+    assert not app.multiselect and not app.sidebar.get("select_slider")
+    assert app.session_state[view_parts.CHOICES_SHOWN] is False
+    chart_drawn(app)
+    assert_clean(app)
+    assert app.multiselect(key="runs").value == [STABLE]
+    assert app.select_slider(key="smoothing").value == 0
+    alerts = open_app(monkeypatch, ppo_logs, view="Alerts & verdict", drawn=False)
+    assert alerts.multiselect(key="runs").value == [STABLE]
+
+
+def test_the_sidebars_widgets_once_shown_stay_when_a_chart_is_sent(monkeypatch, ppo_logs):
+    """A first page without a chart (its link's run is not there yet) draws the widgets; the run the viewer
+    then picks draws its chart with them still there, their values kept."""
+    app = open_app(monkeypatch, ppo_logs, runs=["later"], drawn=False)
+    app.select_slider(key="smoothing").set_value(32).run()
+    app.multiselect(key="runs").set_value([STABLE]).run()
+    assert_clean(app)
+    assert "overview" in charts(app)
+    assert app.multiselect(key="runs").value == [STABLE]
+    assert app.select_slider(key="smoothing").value == 32
+
+
+def test_the_sidebars_widgets_come_without_a_report_from_the_chart_after_a_while(monkeypatch, ppo_logs):
+    """A browser whose chart never reports its draw still gets the widgets, ``CHOICES_WAIT_S`` after the chart
+    was sent (at the view's next redraw)."""
+    app = open_app(monkeypatch, ppo_logs, drawn=False)
+    assert not app.multiselect
+    app.session_state[view_parts.CHOICES_WAITING] -= view_parts.CHOICES_WAIT_S + 1
+    app.run()
+    assert_clean(app)
+    assert app.multiselect(key="runs").value == [STABLE]
+
+
+EMOJI_SHORTCODE = re.compile(r":(?!material/|streamlit:)[\w+-][\w_+-]*:")
+"""What makes Streamlit's markdown load its emoji plugin (260 KB of script for the browser to fetch and
+compile) for a text: its front end's own test of a text, as of Streamlit 1.67."""
+
+
+def test_the_first_pages_texts_hold_no_emoji_shortcode(monkeypatch, ppo_logs):
+    """The sidebar's "checked HH:MM:SS" read as a shortcode (``:MM:``) and loaded the emoji plugin on every
+    first visit; escaped colons (``\\:``) show the same time."""
+    app = open_app(monkeypatch, ppo_logs, runs=BOTH)
+    texts = page_text(app).splitlines()
+    assert any(re.fullmatch(r"checked \d\d\\:\d\d\\:\d\d", text) for text in texts), texts
+    assert not [text for text in texts if EMOJI_SHORTCODE.search(text)]
 
 
 def test_sidebar_lists_every_run_with_algorithm_status_and_last_step(monkeypatch, ppo_logs):

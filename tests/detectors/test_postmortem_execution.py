@@ -4,8 +4,11 @@ The reference: the collapse label's recovery window as ``RANGE … FOLLOWING`` i
 numbered by a ``row_number()`` window and the dips the run recovered from found by two windows (a dip's segment,
 then the block before each return to the peak band), and the alert summary over ``detect_sql()``'s own output (every firing's message
 formatted, ranks merged by its ``QUALIFY``) with every block's value of every detector unpivoted and joined to its
-limits (not only the values above their warning level). Both are computed fresh here and compared with what
-``postmortem`` returns: whole verdicts, field by field.
+limits (not only the values above their warning level), each history aggregate over its own ``RANGE`` frame (not
+the blocks counted once and found by position); the label, the alert summary and the count of reward rows (and the first step) each
+aggregating ``steps`` into blocks of its own (not reading one table of blocks computed once,
+``postmortem.SHARED_BLOCKS_SQL``). Both are computed fresh here and compared with what ``postmortem`` returns:
+whole verdicts, field by field.
 """
 
 from __future__ import annotations
@@ -19,7 +22,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from sorl_monitor import postmortem as pm
-from sorl_monitor.detectors import DetectorConfig, detect, detect_params, detect_sql, ma_span_sql
+from sorl_monitor.detectors import (
+    HISTORY_WINDOW,
+    DetectorConfig,
+    detect,
+    detect_params,
+    detect_sql,
+    ma_span_sql,
+)
 from sorl_monitor.query import open_runs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,6 +65,15 @@ recoveries AS (  -- back in the band after a segment that dipped below collapse_
 """
 FAST_FIRED = "FROM (UNPIVOT firing ON "
 REFERENCE_FIRED = "FROM (UNPIVOT detector_values ON "
+REFERENCE_HISTORY = (  # the history as a RANGE frame of every aggregate, its length and start as aggregates
+    (
+        HISTORY_WINDOW.strip(),
+        """history AS (PARTITION BY run_id, rank ORDER BY block
+                RANGE BETWEEN $history_steps PRECEDING AND CURRENT ROW EXCLUDE CURRENT ROW)""",
+    ),
+    ("history_blocks >= $min_history_blocks", "count(*) OVER history >= $min_history_blocks"),
+    ("first_value(step) OVER history", "min(step) OVER history"),
+)
 
 
 def reference_collapse_sql() -> str:
@@ -72,9 +91,13 @@ def reference_collapse_sql() -> str:
 
 
 def reference_detect_sql() -> str:
-    """``detect_sql()`` with every block's value of every detector joined to its limits."""
+    """``detect_sql()`` with every block's value of every detector joined to its limits, and the history of each
+    detector's aggregates a ``RANGE`` frame of its own (``REFERENCE_HISTORY``)."""
     sql = detect_sql()
     assert FAST_FIRED in sql
+    for fast, reference in REFERENCE_HISTORY:
+        assert fast in sql
+        sql = sql.replace(fast, reference)
     return sql.replace(FAST_FIRED, REFERENCE_FIRED)
 
 
@@ -101,7 +124,19 @@ ORDER BY first_critical_step NULLS LAST, first_step, detector
 """The alert summary as first written: over ``detect_sql()``'s rows (ranks merged, each message formatted)."""
 
 
-def reference_summary(runs, run_id, config=None, streak_from=None, streak_to=None):
+def reference_label(runs, config=None, run_id=None, postmortem_config=None, blocks=None):
+    """The collapse label as ``reference_collapse_sql()`` gives it over ``steps`` (not over the shared ``blocks``)."""
+    params = pm.collapse_params(
+        config or DetectorConfig(), postmortem_config or pm.PostmortemConfig(), run_id
+    )
+    return runs.sql(reference_collapse_sql(), params)
+
+
+def reference_run_rows(runs, run_id, blocks=None):
+    return runs.sql(pm.RUN_ROWS_SQL, {"run_id": run_id}).to_pylist()[0]
+
+
+def reference_summary(runs, run_id, config=None, streak_from=None, streak_to=None, blocks=None):
     config = config or DetectorConfig()
     sql = REFERENCE_SUMMARY_SQL.format(detect_sql=reference_detect_sql())
     extra = {
@@ -130,9 +165,10 @@ def verdicts(path: Path, run_id: str, monkeypatch) -> tuple[dict, dict]:
     with open_runs(path) as runs:
         fast = pm.postmortem(runs, run_id).to_dict()
         assert FAST_WINDOW in pm.COLLAPSE_SQL
-        with monkeypatch.context() as patch:
-            patch.setattr(pm, "COLLAPSE_SQL", reference_collapse_sql())
+        with monkeypatch.context() as patch:  # each over steps, not over the blocks computed once
+            patch.setattr(pm, "label_collapse", reference_label)
             patch.setattr(pm, "summarise_alerts", reference_summary)
+            patch.setattr(pm, "count_run_rows", reference_run_rows)
             reference = pm.postmortem(runs, run_id).to_dict()
     return rounded(fast), rounded(reference)
 

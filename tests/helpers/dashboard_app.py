@@ -11,6 +11,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from sorl_monitor.dashboard.launch_settings import LOG_DIR_ENV, REFRESH_ENV
+from sorl_monitor.dashboard.view_parts import CHOICES_SHOWN
 from tests.helpers.paths import ROOT
 
 APP = ROOT / "dashboard" / "app.py"
@@ -23,8 +24,10 @@ def open_app(
     log_dir: Path | None,
     view: str | None = None,
     runs: list[str] | None = None,
+    drawn: bool = True,
 ) -> AppTest:
-    """The dashboard on ``log_dir`` after its first run, at ``view`` with ``runs`` picked (as in its URL)."""
+    """The dashboard on ``log_dir`` after its first run, at ``view`` with ``runs`` picked (as in its URL);
+    ``drawn``: then as the browser's chart reports its first draw (``chart_drawn``)."""
     if log_dir is None:
         monkeypatch.delenv(LOG_DIR_ENV, raising=False)
     else:
@@ -35,7 +38,18 @@ def open_app(
         app.query_params["view"] = view
     if runs is not None:
         app.query_params["runs"] = runs
-    return app.run()
+    app.run()
+    return chart_drawn(app) if drawn else app
+
+
+def chart_drawn(app: AppTest) -> AppTest:
+    """The page after its first chart reported being drawn, as a browser's chart does (``AppTest`` runs no
+    JavaScript): a session's first page leaves the sidebar's widgets out while its chart is on the way
+    (``view_parts.CHOICES_SHOWN``); the page is run again with them."""
+    if CHOICES_SHOWN in app.session_state and not app.session_state[CHOICES_SHOWN]:
+        app.session_state[CHOICES_SHOWN] = True
+        app.run()
+    return app
 
 
 def page_text(app: AppTest) -> str:
