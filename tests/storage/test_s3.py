@@ -21,6 +21,7 @@ from sorl_monitor.query import QueryError, open_runs
 from sorl_monitor.ranks import rank_skew
 from sorl_monitor.storage import mirror_down
 from tests.helpers.s3_ranks import log_updates
+from tests.helpers.s3_upload import upload_sample_run
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLES = ("steps", "turns", "modules", "alerts")
@@ -142,12 +143,7 @@ def test_a_server_down_mid_run_never_blocks_training_and_loses_no_row(tmp_path, 
 def test_fleet_over_s3_gives_the_table_it_gives_on_disk(s3_server, s3_root, tmp_path):
     fs = s3_server.filesystem()
     for name in ("token-ppo", "so-ppo-auto-ctn"):
-        pafs.copy_files(
-            str(SAMPLE_LOGS / name),
-            f"{s3_root.removeprefix('s3://')}/{name}",
-            source_filesystem=pafs.LocalFileSystem(),
-            destination_filesystem=fs,
-        )
+        upload_sample_run(name, f"{s3_root}/{name}", fs)
     compared = ["run_id", "status", "collapse_step", "first_critical", "root_cause", "last_step"]
     remote = fleet_verdicts(s3_root, jobs=1).select(compared).to_pylist()
     local_root = tmp_path / "local"
@@ -168,11 +164,8 @@ def test_a_fleet_download_leaves_out_the_tables_it_does_not_read_and_keeps_their
     s3_server, s3_root
 ):
     fs = s3_server.filesystem()
-    remote = f"{s3_root.removeprefix('s3://')}/grpo"
-    pafs.copy_files(
-        str(SAMPLE_LOGS / "grpo"), remote, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs
-    )
-    uri = f"{s3_root}/grpo"
+    uri = upload_sample_run("grpo", f"{s3_root}/grpo", fs)
+    remote = uri.removeprefix("s3://")
 
     def local_files(folder: Path) -> set[str]:
         return {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
@@ -191,10 +184,7 @@ def test_a_fleet_task_fetches_the_objects_the_fleets_listing_names_and_lists_aga
     s3_server, s3_root
 ):
     fs = s3_server.filesystem()
-    remote = f"{s3_root.removeprefix('s3://')}/listed/grpo"
-    pafs.copy_files(
-        str(SAMPLE_LOGS / "grpo"), remote, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs
-    )
+    remote = upload_sample_run("grpo", f"{s3_root}/listed/grpo", fs).removeprefix("s3://")
     (run,) = fleet.find_targets(f"{s3_root}/listed")
     assert {key for key, _, _ in run.objects} == {
         p.relative_to(SAMPLE_LOGS / "grpo").as_posix()
@@ -226,12 +216,7 @@ def test_an_error_row_of_a_run_in_object_storage_names_its_uri_not_its_local_cop
 ):
     """A post-mortem that fails naming the folder it opened (here made to fail: SYNTHETIC error) is reported
     under the run's s3:// URI: the local copy's path means nothing to the user."""
-    pafs.copy_files(
-        str(SAMPLE_LOGS / "grpo"),
-        f"{s3_root.removeprefix('s3://')}/grpo",
-        source_filesystem=pafs.LocalFileSystem(),
-        destination_filesystem=s3_server.filesystem(),
-    )
+    upload_sample_run("grpo", f"{s3_root}/grpo", s3_server.filesystem())
 
     def failing_judge(path, *_):
         raise QueryError(f"{path}/steps: unreadable")
