@@ -1,6 +1,7 @@
-"""The paper's GRPO claim in the bundled trainer, second pre-registered round (not a test).
+"""The paper's GRPO claim in the bundled trainer, second and third pre-registered rounds (not a test).
 
-    python experiments/grpo_claim_round2.py [--jobs 2] [--log-dir sweep_runs/grpo31/round2] [--out claim2]
+    python experiments/grpo_claim_round2.py [--round 2|3] [--jobs 2] [--log-dir sweep_runs/grpo31/round2]
+        [--out claim2]
 
 Round 1 (``grpo_claim.py``, ``experiments/results/grpo_claim.md``) picked ``stale16lr8e-4`` on two tuning
 seeds; on seeds 200–207 GRPO collapsed in 4 of 8 and SO-GRPO + auto-CTN held in 5 of 8, learning less than
@@ -21,6 +22,13 @@ collapses, then the highest worst remedy hold, then the earlier pair. None quali
 Evaluation (``EVAL_SEEDS``, used by no earlier result): GRPO and the picked remedy at the picked base. The
 claim is shown iff GRPO is labelled collapsed in ≥ 6 of 8 and the remedy is not labelled collapsed and holds
 in 8 of 8. Finished runs are read back by a later call with the same ``--log-dir``, not retrained.
+
+Round 3 (``--round 3``; written after round 2's tuning rows, committed before any of its own runs): round 2
+picked nothing. At ``stale16lr1e-3`` GRPO collapsed on 3 of 4 tuning seeds and SO-GRPO on none, but its worst
+holds were 0.62 (λ up to 128) and 0.697 (λ up to 64, ``ctn_raise_unclipped``): the lower λ held better. Round 3
+keeps that base (GRPO's tuning rows are read back, not retrained) and tries a lower λ still and none:
+``ROUND3_REMEDIES`` — λ held at 32 (``ctn_coef_max=32``), and SO-GRPO with CTN off (turn-level IS and the
+per-turn group advantage alone). Same rule, same tuning and evaluation seeds (round 2 evaluated nothing).
 """
 
 from __future__ import annotations
@@ -41,19 +49,21 @@ BASES = (
     "stale16lr1e-3:staleness=16,anneal_lr=false,lr=1e-3",
 )
 REMEDIES = ("so_grpo+auto", "so_grpo+auto@ctn_raise_unclipped=true")
+ROUND3_BASES = ("stale16lr1e-3:staleness=16,anneal_lr=false,lr=1e-3",)
+ROUND3_REMEDIES = ("so_grpo+auto@ctn_coef_max=32", "so_grpo+off")
 TUNING_SEEDS = (2, 3, 4, 5)
 EVAL_SEEDS = tuple(range(208, 216))
 ITERATIONS = 100
 GRPO_COLLAPSES_NEEDED = 3  # of the 4 tuning seeds
 
 
-def pick(rows: list[dict]) -> tuple[tuple[str, str] | None, str]:
+def pick(rows: list[dict], bases=BASES, remedies=REMEDIES) -> tuple[tuple[str, str] | None, str]:
     """The rule of the module docstring: ``((base, remedy) or None, why)`` from the tuning rows."""
     scored = []
-    for b, base in enumerate(BASES):
+    for b, base in enumerate(bases):
         name = parse_setting(base)[0]
         grpo = [r for r in rows if r["setting"] == name and r["variant"] == "grpo"]
-        for m, remedy in enumerate(REMEDIES):
+        for m, remedy in enumerate(remedies):
             mine = [r for r in rows if r["setting"] == name and r["variant"] == remedy]
             if len(grpo) != len(TUNING_SEEDS) or len(mine) != len(TUNING_SEEDS):
                 continue
@@ -82,21 +92,23 @@ def main() -> None:
     parser.add_argument("--out", default="claim2")
     parser.add_argument("--iterations", type=int, default=ITERATIONS, help="the procedure's is 100; less: a smoke run")
     parser.add_argument("--tuning-only", action="store_true", help="stop after the pick")
+    parser.add_argument("--round", type=int, choices=(2, 3), default=2)
     args = parser.parse_args()
+    bases, remedies = (BASES, REMEDIES) if args.round == 2 else (ROUND3_BASES, ROUND3_REMEDIES)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     deadline = started + args.stop_after
-    variants = ["grpo", *REMEDIES]
-    lines = [f"# GRPO claim, round 2 ({args.jobs} jobs, {args.iterations} iterations per run)", ""]
+    variants = ["grpo", *remedies]
+    lines = [f"# GRPO claim, round {args.round} ({args.jobs} jobs, {args.iterations} iterations per run)", ""]
     with mp.get_context("spawn").Pool(args.jobs) as pool, (out / "rows.jsonl").open("a") as sink:
-        tuning = run_phase(jobs(BASES, variants, TUNING_SEEDS, args.log_dir, args.iterations), pool, deadline, sink)
-        chosen, why = pick(tuning)
+        tuning = run_phase(jobs(bases, variants, TUNING_SEEDS, args.log_dir, args.iterations), pool, deadline, sink)
+        chosen, why = pick(tuning, bases, remedies)
         lines += [f"Tuning (seeds {list(TUNING_SEEDS)}), {time.monotonic() - started:.0f} s: {why}.", ""]
-        lines += [line for text in BASES for line in (*table(tuning, variants, *parse_setting(text)), "")]
+        lines += [line for text in bases for line in (*table(tuning, variants, *parse_setting(text)), "")]
         if chosen is not None and not args.tuning_only:
             name, remedy = chosen
-            base = next(text for text in BASES if parse_setting(text)[0] == name)
+            base = next(text for text in bases if parse_setting(text)[0] == name)
             evaluation = run_phase(
                 jobs([base], ["grpo", remedy], EVAL_SEEDS, args.log_dir + "-eval", args.iterations),
                 pool, deadline, sink,
