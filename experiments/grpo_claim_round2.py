@@ -88,9 +88,13 @@ def main() -> None:
     )
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--log-dir", default="sweep_runs/grpo31/round2")
-    parser.add_argument("--stop-after", type=float, default=6 * 3600.0, help="seconds; unfinished runs are left out")
+    parser.add_argument(
+        "--stop-after", type=float, default=6 * 3600.0, help="seconds; unfinished runs are left out"
+    )
     parser.add_argument("--out", default="claim2")
-    parser.add_argument("--iterations", type=int, default=ITERATIONS, help="the procedure's is 100; less: a smoke run")
+    parser.add_argument(
+        "--iterations", type=int, default=ITERATIONS, help="the procedure's is 100; less: a smoke run"
+    )
     parser.add_argument("--tuning-only", action="store_true", help="stop after the pick")
     parser.add_argument("--round", type=int, choices=(2, 3), default=2)
     args = parser.parse_args()
@@ -102,7 +106,9 @@ def main() -> None:
     variants = ["grpo", *remedies]
     lines = [f"# GRPO claim, round {args.round} ({args.jobs} jobs, {args.iterations} iterations per run)", ""]
     with mp.get_context("spawn").Pool(args.jobs) as pool, (out / "rows.jsonl").open("a") as sink:
-        tuning = run_phase(jobs(bases, variants, TUNING_SEEDS, args.log_dir, args.iterations), pool, deadline, sink)
+        tuning = run_phase(
+            jobs(bases, variants, TUNING_SEEDS, args.log_dir, args.iterations), pool, deadline, sink
+        )
         chosen, why = pick(tuning, bases, remedies)
         lines += [f"Tuning (seeds {list(TUNING_SEEDS)}), {time.monotonic() - started:.0f} s: {why}.", ""]
         lines += [line for text in bases for line in (*table(tuning, variants, *parse_setting(text)), "")]
@@ -111,14 +117,19 @@ def main() -> None:
             base = next(text for text in bases if parse_setting(text)[0] == name)
             evaluation = run_phase(
                 jobs([base], ["grpo", remedy], EVAL_SEEDS, args.log_dir + "-eval", args.iterations),
-                pool, deadline, sink,
+                pool,
+                deadline,
+                sink,
             )
             grpo = [r for r in evaluation if r["variant"] == "grpo"]
             so = [r for r in evaluation if r["variant"] == remedy]
             done = len(grpo) == len(so) == len(EVAL_SEEDS)
             shown = sum(r["collapsed"] for r in grpo) >= 6 and sum(holds(r) for r in so) == len(EVAL_SEEDS)
             verdict = ("shown" if shown else "not shown") if done else "not decided (unfinished runs)"
-            lines += [f"Evaluation (seeds {EVAL_SEEDS[0]}–{EVAL_SEEDS[-1]}) at `{name}`, GRPO against `{remedy}`:", ""]
+            lines += [
+                f"Evaluation (seeds {EVAL_SEEDS[0]}–{EVAL_SEEDS[-1]}) at `{name}`, GRPO against `{remedy}`:",
+                "",
+            ]
             lines += [*table(evaluation, ["grpo", remedy], *parse_setting(base)), ""]
             lines += [f"Claim (GRPO collapsed ≥ 6/8, the remedy holds 8/8): **{verdict}** — GRPO collapsed "
                       f"{sum(r['collapsed'] for r in grpo)}/{len(grpo)}, the remedy held "

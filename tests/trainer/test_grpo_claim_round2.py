@@ -1,0 +1,54 @@
+"""experiments/grpo_claim_round2.py: the rule that picks a (base, remedy) pair (synthetic sweep rows)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
+sys.path.insert(0, str(EXPERIMENTS))  # the script imports collapse_sweep and grpo_claim beside it
+spec = importlib.util.spec_from_file_location("grpo_claim_round2", EXPERIMENTS / "grpo_claim_round2.py")
+claim = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(claim)
+
+BASE8, BASE10 = (text.partition(":")[0] for text in claim.BASES)
+AUTO, UNCLIPPED = claim.REMEDIES
+
+
+def rows(base: str, variant: str, collapsed: list[bool], holds: list[float]) -> list[dict]:
+    """Synthetic rows of one variant at one base, a row per tuning seed."""
+    return [{"setting": base, "variant": variant, "seed": s, "collapsed": c, "hold": h}
+            for s, c, h in zip(claim.TUNING_SEEDS, collapsed, holds, strict=True)]  # fmt: skip
+
+
+def test_more_grpo_collapses_win_then_the_worst_hold():
+    sweep = (rows(BASE8, "grpo", [True, True, True, False], [0.4] * 4)
+             + rows(BASE8, AUTO, [False] * 4, [0.95] * 4)
+             + rows(BASE10, "grpo", [True] * 4, [0.2] * 4)
+             + rows(BASE10, AUTO, [False] * 4, [0.72, 0.8, 0.8, 0.8])
+             + rows(BASE10, UNCLIPPED, [False] * 4, [0.75, 0.8, 0.8, 0.8]))  # fmt: skip
+    assert claim.pick(sweep)[0] == (BASE10, UNCLIPPED)
+
+
+def test_two_grpo_collapses_or_one_sag_disqualify():
+    sweep = (rows(BASE8, "grpo", [True, True, False, False], [0.4] * 4)
+             + rows(BASE8, AUTO, [False] * 4, [0.95] * 4)
+             + rows(BASE10, "grpo", [True] * 4, [0.2] * 4)
+             + rows(BASE10, AUTO, [False] * 4, [0.699, 0.8, 0.8, 0.8]))  # fmt: skip
+    chosen, why = claim.pick(sweep)
+    assert chosen is None and why == "no (base, remedy) pair qualifies"
+
+
+def test_a_pair_with_a_missing_seed_is_not_picked():
+    sweep = rows(BASE10, "grpo", [True] * 4, [0.2] * 4) + rows(BASE10, AUTO, [False] * 4, [0.9] * 4)[:-1]
+    assert claim.pick(sweep)[0] is None
+
+
+def test_round_three_judges_its_own_remedies():
+    remedy = claim.ROUND3_REMEDIES[0]
+    sweep = rows(BASE10, "grpo", [True, True, True, False], [0.2] * 4) + rows(
+        BASE10, remedy, [False] * 4, [0.8] * 4
+    )
+    assert claim.pick(sweep, claim.ROUND3_BASES, claim.ROUND3_REMEDIES)[0] == (BASE10, remedy)
+    assert claim.pick(sweep)[0] is None  # round 2's remedies have no rows here
