@@ -72,6 +72,20 @@ COLUMNS = {
 }  # fmt: skip
 """Each scanned series: a name and its SQL over one ``steps`` row."""
 
+NEW_COLUMNS = (
+    "pg_loss", "vf_loss", "ctn_penalty", "ratio_mean", "ratio_min", "ratio_p01", "log_ratio_std",
+    "turn_ratio_mean", "turn_ratio_min", "turn_geo_ratio_mean", "turn_log_ratio_sum_max", "seq_ratio_mean",
+    "clip_frac_low", "clip_frac_high", "clip_frac_active", "kl_old_k1", "kl_old_k2", "kl_ref_k1", "kl_ref_k2",
+    "grad_norm_clipped", "param_norm", "adv_mean", "adv_std", "adv_min", "adv_max", "value_mean", "value_std",
+    "value_min", "value_max", "vf_clip_frac", "return_mean", "return_std", "return_min", "return_max",
+    "reward_min", "reward_max", "group_reward_std", "response_len_max", "turns_mean", "n_tokens",
+    "completion_len_mean", "completion_len_max", "completion_len_min", "completion_truncated_frac",
+    "ctn_clip_frac", "dual_clip_frac", "success_rate", "well_formed_frac",
+)  # fmt: skip
+"""The trainer's other ``steps`` columns, which only a corpus rebuilt with every column has
+(``experiments/rebuild_corpus.py``; ``--columns new``). Left out: keys, the monitor's own counters, and what
+the setting fixes (``lr``, ``ctn_coef``)."""
+
 FLOORS = {"clip_frac": 0.02, "clip_frac_turn": 0.02, "kl_old_k3": 0.02, "kl_ref_k3": 0.02, "entropy": 0.01}
 """The detectors' floors (``DetectorConfig``) where a column has one; elsewhere 10 % of its median |x|."""
 
@@ -93,10 +107,12 @@ class Result:
     first_steps: list[int]
 
 
-def block_series(corpus: str, block: int = BLOCK) -> dict[str, dict[str, np.ndarray]]:
+def block_series(
+    corpus: str, block: int = BLOCK, columns: dict[str, str] = COLUMNS
+) -> dict[str, dict[str, np.ndarray]]:
     """``{run_id: {"step": block end steps, "<column>_<aggregate>": values}}`` from the corpus Parquet."""
     parts = []
-    for name, expr in COLUMNS.items():
+    for name, expr in columns.items():
         value = f"CASE WHEN isfinite(({expr})::DOUBLE) THEN ({expr})::DOUBLE END"
         parts += [f"avg({value}) AS {name}_mean", f"max({value}) AS {name}_max",
                   f"stddev_pop({value}) AS {name}_std"]  # fmt: skip
@@ -188,16 +204,18 @@ def score_candidate(
     return Result(name, level, len(caught), len(caught & misses), len(near), len(near & misses), first_steps)
 
 
-def scan(corpus: str, misses: set[str], block: int = BLOCK) -> list[Result]:
+def scan(
+    corpus: str, misses: set[str], block: int = BLOCK, columns: dict[str, str] = COLUMNS
+) -> list[Result]:
     """Every candidate's ``Result`` on the corpus at ``corpus`` (labels as ``experiments/detector_eval.py``'s)."""
     with open_runs([corpus]) as runs:
         labelled = {r.run_id: r for r in detector_eval.labels(runs, DetectorConfig())}
-    series = block_series(corpus, block)
+    series = block_series(corpus, block, columns)
     stable = [r.run_id for r in labelled.values() if r.collapse_step is None and not r.dipped]
     collapsing = [r for r in labelled.values() if r.collapse_step is not None]
     steps_of = {r: series[r]["step"] for r in series}
     results = []
-    for column in COLUMNS:
+    for column in columns:
         for aggregate in AGGREGATES:
             key = f"{column}_{aggregate}"
             every = np.concatenate([series[r][key] for r in series])
@@ -230,11 +248,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=ROOT / "experiments/results/detector_eval.txt")
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--block", type=int, default=BLOCK, help=f"updates per block (default {BLOCK})")
+    parser.add_argument("--columns", choices=("kept", "new"), default="kept",
+                        help="kept: the committed corpus's columns; new: NEW_COLUMNS (a rebuilt corpus)")  # fmt: skip
     args = parser.parse_args(argv)
+    columns = COLUMNS if args.columns == "kept" else {name: f"{name}::DOUBLE" for name in NEW_COLUMNS}
     misses = misses_per_update(args.results)
     if args.block < 1:
         parser.error("--block must be at least 1")
-    results = scan(args.corpus, misses, args.block)
+    results = scan(args.corpus, misses, args.block, columns)
     results.sort(key=lambda r: (r.missed_caught, r.caught), reverse=True)
     print(f"{len(results)} candidates; {len(misses)} per-update misses; blocks of {args.block} updates; level: only "
           f"{STABLE_ALLOWED} stable runs exceed it\n")  # fmt: skip
@@ -248,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\nbest per column (most misses, then most collapses):\n")
     print(f"| column | best candidate | level | collapses caught in time | of the {len(misses)} misses |")
     print("|---|---|---|---|---|")
-    for column in COLUMNS:
+    for column in columns:
         mine = [r for r in results if r.name.split()[0] == column]
         if mine:
             r = mine[0]
