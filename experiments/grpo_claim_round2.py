@@ -1,6 +1,6 @@
 """The paper's GRPO claim in the bundled trainer, second and third pre-registered rounds (not a test).
 
-    python experiments/grpo_claim_round2.py [--round 2|3] [--jobs 2] [--log-dir sweep_runs/grpo31/round2]
+    python experiments/grpo_claim_round2.py [--round 2|3|4] [--jobs 2] [--log-dir sweep_runs/grpo31/round2]
         [--out claim2]
 
 Round 1 (``grpo_claim.py``, ``experiments/results/grpo_claim.md``) picked ``stale16lr8e-4`` on two tuning
@@ -29,6 +29,17 @@ holds were 0.62 (λ up to 128) and 0.697 (λ up to 64, ``ctn_raise_unclipped``):
 keeps that base (GRPO's tuning rows are read back, not retrained) and tries a lower λ still and none:
 ``ROUND3_REMEDIES`` — λ held at 32 (``ctn_coef_max=32``), and SO-GRPO with CTN off (turn-level IS and the
 per-turn group advantage alone). Same rule, same tuning and evaluation seeds (round 2 evaluated nothing).
+
+Round 4 (``--round 4``; written after rounds 2–3, committed before any of its own runs): read per iteration,
+SO-GRPO with CTN at ``stale16lr1e-3`` does not learn: its 5-iteration reward stays at 0.40–0.59 for 100
+iterations on every seed and controller, near the warm start's 0.44–0.56 (iterations 0–15, all rolled out by
+the initial policy), and its "sag" is one dip below that start. CTN's KL pulls the learner back to π_old, the
+policy 16 iterations old that made the rollouts, so it pins the learner near where it was. Round 4 tests that:
+CTN judged and pulling on the proximal ratio only (``ctn_clip_level=proximal``, ``ctn_anchor=proximal``: the
+drift this batch's reuse made, the staleness left to the turn-level ratio) — worse for PPO at staleness 4
+(docs/trainer.md), untried at 16 — and CTN's target clip fraction raised to 0.1 (λ lowered sooner, the pull
+weaker). ``ROUND4_REMEDIES``; same base as round 3, GRPO's rows read back; same rule, tuning and evaluation
+seeds (nothing has been evaluated on them).
 """
 
 from __future__ import annotations
@@ -51,6 +62,10 @@ BASES = (
 REMEDIES = ("so_grpo+auto", "so_grpo+auto@ctn_raise_unclipped=true")
 ROUND3_BASES = ("stale16lr1e-3:staleness=16,anneal_lr=false,lr=1e-3",)
 ROUND3_REMEDIES = ("so_grpo+auto@ctn_coef_max=32", "so_grpo+off")
+ROUND4_REMEDIES = (
+    "so_grpo+auto@ctn_clip_level=proximal,ctn_anchor=proximal",
+    "so_grpo+auto@ctn_target_clip=0.1",
+)
 TUNING_SEEDS = (2, 3, 4, 5)
 EVAL_SEEDS = tuple(range(208, 216))
 ITERATIONS = 100
@@ -96,9 +111,13 @@ def main() -> None:
         "--iterations", type=int, default=ITERATIONS, help="the procedure's is 100; less: a smoke run"
     )
     parser.add_argument("--tuning-only", action="store_true", help="stop after the pick")
-    parser.add_argument("--round", type=int, choices=(2, 3), default=2)
+    parser.add_argument("--round", type=int, choices=(2, 3, 4), default=2)
     args = parser.parse_args()
-    bases, remedies = (BASES, REMEDIES) if args.round == 2 else (ROUND3_BASES, ROUND3_REMEDIES)
+    bases, remedies = {
+        2: (BASES, REMEDIES),
+        3: (ROUND3_BASES, ROUND3_REMEDIES),
+        4: (ROUND3_BASES, ROUND4_REMEDIES),
+    }[args.round]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()

@@ -52,3 +52,19 @@ def test_round_three_judges_its_own_remedies():
     )
     assert claim.pick(sweep, claim.ROUND3_BASES, claim.ROUND3_REMEDIES)[0] == (BASE10, remedy)
     assert claim.pick(sweep)[0] is None  # round 2's remedies have no rows here
+
+
+
+def test_round_four_remedies_are_so_grpo_trainer_settings():
+    from collapse_sweep import parse_setting, parse_variant
+
+    from sorl_monitor.trainer.config import TrainConfig, with_settings
+
+    base = parse_setting(claim.ROUND3_BASES[0])[1]
+    for remedy in claim.ROUND4_REMEDIES:
+        fields = {**base, **parse_variant(remedy)}
+        cfg = with_settings(TrainConfig(), [f"{k}={v}" for k, v in fields.items()])
+        assert (cfg.algo, cfg.ctn, cfg.staleness, cfg.lr) == ("so_grpo", "auto", 16, 1e-3)
+    proximal, target = (parse_variant(r) for r in claim.ROUND4_REMEDIES)
+    assert proximal["ctn_anchor"] == proximal["ctn_clip_level"] == "proximal"
+    assert float(target["ctn_target_clip"]) == 0.1
