@@ -54,7 +54,6 @@ def test_round_three_judges_its_own_remedies():
     assert claim.pick(sweep)[0] is None  # round 2's remedies have no rows here
 
 
-
 def test_round_four_remedies_are_so_grpo_trainer_settings():
     from collapse_sweep import parse_setting, parse_variant
 
