@@ -131,7 +131,7 @@ def finished(run_dir: Path) -> bool:
 EXPORT_COLUMNS = (
     "run_id", "step", "ppo_epoch", "policy_lag", "loss", "ratio_max", "ratio_p99", "turn_ratio_max", "clip_frac",
     "clip_frac_turn", "kl_old_k3", "kl_ref_k3", "entropy", "grad_norm", "reward_mean", "reward_std",
-    "zero_std_group_frac", "response_len_mean", "nonfinite_count", "ctn_active",
+    "zero_std_group_frac", "response_len_mean", "nonfinite_count", "ctn_active", "clip_frac_active",
 )  # fmt: skip
 """What the compact copy keeps of each run's ``steps`` (metrics as float32): every column a detector, the
 collapse label, the root-cause rules or a baseline reads."""

@@ -1,7 +1,7 @@
 """Retrain every corpus run with every column logged, and check it reproduces the committed one (not a test).
 
     python experiments/rebuild_corpus.py [--corpus experiments/corpus] [--out sweep_runs/corpus_full] [--jobs 2]
-        [--check-only]
+        [--check-only] [--add-columns clip_frac_active]
 
 The committed corpus (``experiments/corpus``) keeps 20 ``steps`` columns per run (``make_corpus.EXPORT_COLUMNS``);
 the trainer logs about 80 (value, advantage, return, turn-ratio, KL estimator, completion-length columns …).
@@ -11,6 +11,10 @@ turn ratio, a fixed CTN λ of 1 with plain k3 and a 32-update auto-CTN wait, and
 ``A2FC0C8``). The check compares ``reward_mean``, ``clip_frac``, ``entropy`` and ``kl_old_k3`` step by
 step with the committed run: a run *reproduces* when every value agrees to 1e-4 (the corpus stores float32).
 Only reproduced runs carry the committed labels over. Runs already finished under ``--out`` are kept.
+
+``--add-columns C …`` (with ``--check-only``) then writes those columns of each reproduced rebuilt run into the
+committed copy (float32, joined on the step); the copy's other values are left exactly as they are, and a copy
+that already has a column is left alone.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from pathlib import Path
 
 import duckdb
 import numpy as np
+import pyarrow as pa
 
 ROOT = Path(__file__).resolve().parents[1]
 for folder in (ROOT, ROOT / "experiments"):
@@ -72,6 +77,32 @@ def compare(committed: Path, rebuilt: Path) -> float:
     return worst
 
 
+def add_columns(committed: Path, rebuilt: Path, columns: list[str]) -> list[str]:
+    """Write ``columns`` of the ``rebuilt`` run into the ``committed`` copy's parquet, joined on the step.
+
+    Returns the columns added (none where the copy has them all already). The copy keeps its other columns,
+    its row order and its file name (``part-000000.parquet``, zstd level 19, as ``make_corpus.export``).
+    """
+    import pyarrow.parquet as pq
+
+    (part,) = sorted((committed / "steps").glob("*/*.parquet"))
+    table = pq.read_table(part)
+    new = [c for c in columns if c not in table.column_names]
+    if not new:
+        return []
+    rows = duckdb.sql(
+        f"SELECT step, {', '.join(f'{c}::FLOAT AS {c}' for c in new)} "
+        f"FROM read_parquet('{rebuilt}/steps/*/*.parquet')"
+    ).fetchnumpy()
+    where = {int(step): i for i, step in enumerate(rows["step"])}
+    index = [where[int(step)] for step in table.column("step").to_pylist()]
+    for column in new:
+        table = table.append_column(column, pa.array(np.asarray(rows[column])[index], pa.float32()))
+    pq.write_table(table, part, compression="zstd", compression_level=19, use_dictionary=False,
+                   write_statistics=False)  # fmt: skip
+    return new
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -82,6 +113,8 @@ def main() -> int:
     parser.add_argument(
         "--check-only", action="store_true", help="train nothing: compare what is under --out"
     )
+    parser.add_argument("--add-columns", nargs="+", default=[], metavar="COLUMN",
+                        help="write these columns of each reproduced run into the committed copy")  # fmt: skip
     args = parser.parse_args()
     runs = sorted(p for p in args.corpus.iterdir() if (p / "run.json").is_file())
     todo = [job_of(p, args.out) for p in runs if not finished(Path(args.out) / p.name)]
@@ -104,6 +137,10 @@ def main() -> int:
     print(f"reproduced {len(reproduced)} of {len(runs)}; differ {len(differ)}; not rebuilt {len(missing)}")
     for name, worst in differ:
         print(f"  differs: {name} (largest difference {worst:.3g})")
+    if args.add_columns:
+        added = [run for run, _ in reproduced
+                 if add_columns(args.corpus / run, Path(args.out) / run, args.add_columns)]  # fmt: skip
+        print(f"added {', '.join(args.add_columns)} to {len(added)} of {len(reproduced)} reproduced runs")
     return 0
 
 

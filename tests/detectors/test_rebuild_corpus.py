@@ -47,3 +47,30 @@ def test_a_run_matches_itself_and_not_another():
     one, other = CORPUS / "ppo-r1x4-st0-lr3e-4-s0", CORPUS / "ppo-r1x4-st0-lr3e-4-s1"
     assert rebuild.compare(one, one) == 0.0
     assert rebuild.compare(one, other) > rebuild.TOLERANCE
+
+
+def test_added_columns_join_on_the_step_and_leave_the_copy_as_it_was(tmp_path):
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    copy = tmp_path / "copy"
+    shutil.copytree(CORPUS / "ppo-r1x4-st0-lr3e-4-s0", copy)
+    (part,) = (copy / "steps").glob("*/*.parquet")
+    before = pq.read_table(part).drop_columns(["clip_frac_active"])
+    pq.write_table(before, part)
+    steps = before.column("step").to_pylist()
+    rebuilt = tmp_path / "rebuilt" / "steps" / "rank=0"
+    rebuilt.mkdir(parents=True)
+    reversed_steps = steps[::-1]  # another row order: the join is on the step
+    pq.write_table(pa.table({"step": reversed_steps, "clip_frac_active": [s / 1000 for s in reversed_steps],
+                             "value_mean": [1.0] * len(steps)}), rebuilt / "part-0.parquet")  # fmt: skip
+    assert rebuild.add_columns(copy, tmp_path / "rebuilt", ["clip_frac_active"]) == ["clip_frac_active"]
+    after = pq.read_table(part)
+    assert after.drop_columns(["clip_frac_active"]).equals(before)
+    assert after.schema.field("clip_frac_active").type == pa.float32()
+    assert after.column("clip_frac_active").to_pylist() == [
+        float(pa.scalar(s / 1000, pa.float32()).as_py()) for s in steps
+    ]
+    assert rebuild.add_columns(copy, tmp_path / "rebuilt", ["clip_frac_active"]) == []  # already there
