@@ -3,7 +3,7 @@
     python experiments/rebuild_corpus.py [--corpus experiments/corpus] [--out sweep_runs/corpus_full] [--jobs 2]
         [--check-only] [--add-columns clip_frac_active]
 
-The committed corpus (``experiments/corpus``) keeps 20 ``steps`` columns per run (``make_corpus.EXPORT_COLUMNS``);
+The committed corpus (``experiments/corpus``) keeps 21 ``steps`` columns per run (``make_corpus.EXPORT_COLUMNS``);
 the trainer logs about 80 (value, advantage, return, turn-ratio, KL estimator, completion-length columns …).
 Each run is retrained from its ``run.json``: the ``TrainConfig`` fields it keeps, over the defaults of the
 commit that made it (``made_by``; the grid's commit a2fc0c8 had a constant lr, no dual-clip, the arithmetic
