@@ -1,6 +1,6 @@
 """The paper's GRPO claim in the bundled trainer, second and third pre-registered rounds (not a test).
 
-    python experiments/grpo_claim_round2.py [--round 2|3|4] [--jobs 2] [--log-dir sweep_runs/grpo31/round2]
+    python experiments/grpo_claim_round2.py [--round 2|3|4|5] [--jobs 2] [--log-dir sweep_runs/grpo31/round2]
         [--out claim2]
 
 Round 1 (``grpo_claim.py``, ``experiments/results/grpo_claim.md``) picked ``stale16lr8e-4`` on two tuning
@@ -40,6 +40,13 @@ drift this batch's reuse made, the staleness left to the turn-level ratio) — w
 (docs/trainer.md), untried at 16 — and CTN's target clip fraction raised to 0.1 (λ lowered sooner, the pull
 weaker). ``ROUND4_REMEDIES``; same base as round 3, GRPO's rows read back; same rule, tuning and evaluation
 seeds (nothing has been evaluated on them).
+
+Round 5 (``--round 5``; written after round 4, committed before any of its own runs): at staleness 16 the first
+16 iterations are all rolled out by the initial policy, and the behaviour-anchored CTN never learns past that
+warm start (rounds 2–4), while at staleness 8 (round 1's ``lr8e-4``) SO-GRPO + auto learned as high as GRPO
+(final 0.68 against 0.66) and GRPO collapsed on 1 of 2. Round 5 raises the lr at staleness 8 so that GRPO falls
+more often: ``ROUND5_BASES`` (lr 1.2e-3 and 1.5e-3, constant), the remedy SO-GRPO + auto at its defaults. Same
+rule, tuning and evaluation seeds.
 """
 
 from __future__ import annotations
@@ -62,6 +69,11 @@ BASES = (
 REMEDIES = ("so_grpo+auto", "so_grpo+auto@ctn_raise_unclipped=true")
 ROUND3_BASES = ("stale16lr1e-3:staleness=16,anneal_lr=false,lr=1e-3",)
 ROUND3_REMEDIES = ("so_grpo+auto@ctn_coef_max=32", "so_grpo+off")
+ROUND5_BASES = (
+    "stale8lr1.2e-3:staleness=8,anneal_lr=false,lr=1.2e-3",
+    "stale8lr1.5e-3:staleness=8,anneal_lr=false,lr=1.5e-3",
+)
+ROUND5_REMEDIES = ("so_grpo+auto",)
 ROUND4_REMEDIES = (
     "so_grpo+auto@ctn_clip_level=proximal,ctn_anchor=proximal",
     "so_grpo+auto@ctn_target_clip=0.1",
@@ -111,12 +123,13 @@ def main() -> None:
         "--iterations", type=int, default=ITERATIONS, help="the procedure's is 100; less: a smoke run"
     )
     parser.add_argument("--tuning-only", action="store_true", help="stop after the pick")
-    parser.add_argument("--round", type=int, choices=(2, 3, 4), default=2)
+    parser.add_argument("--round", type=int, choices=(2, 3, 4, 5), default=2)
     args = parser.parse_args()
     bases, remedies = {
         2: (BASES, REMEDIES),
         3: (ROUND3_BASES, ROUND3_REMEDIES),
         4: (ROUND3_BASES, ROUND4_REMEDIES),
+        5: (ROUND5_BASES, ROUND5_REMEDIES),
     }[args.round]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

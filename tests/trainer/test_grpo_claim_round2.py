@@ -67,3 +67,18 @@ def test_round_four_remedies_are_so_grpo_trainer_settings():
     proximal, target = (parse_variant(r) for r in claim.ROUND4_REMEDIES)
     assert proximal["ctn_anchor"] == proximal["ctn_clip_level"] == "proximal"
     assert float(target["ctn_target_clip"]) == 0.1
+
+
+def test_round_five_bases_are_staleness_eight_at_a_higher_lr():
+    from collapse_sweep import parse_setting
+
+    parsed = [parse_setting(text) for text in claim.ROUND5_BASES]
+    assert [name for name, _ in parsed] == ["stale8lr1.2e-3", "stale8lr1.5e-3"]
+    assert all(f["staleness"] == "8" and f["anneal_lr"] == "false" for _, f in parsed)
+    sweep = rows("stale8lr1.5e-3", "grpo", [True] * 4, [0.2] * 4) + rows(
+        "stale8lr1.5e-3", "so_grpo+auto", [False] * 4, [0.75] * 4
+    )
+    assert claim.pick(sweep, claim.ROUND5_BASES, claim.ROUND5_REMEDIES)[0] == (
+        "stale8lr1.5e-3",
+        "so_grpo+auto",
+    )
