@@ -82,3 +82,15 @@ def test_round_five_bases_are_staleness_eight_at_a_higher_lr():
         "stale8lr1.5e-3",
         "so_grpo+auto",
     )
+
+
+def test_round_six_warms_the_lr_up_in_the_base_so_grpo_gets_it_too():
+    from collapse_sweep import parse_setting
+
+    from sorl_monitor.trainer.config import TrainConfig, with_settings
+
+    for text in claim.ROUND6_BASES:
+        name, fields = parse_setting(text)
+        cfg = with_settings(TrainConfig(algo="grpo"), [f"{k}={v}" for k, v in fields.items()])
+        assert (cfg.staleness, cfg.lr, cfg.anneal_lr) == (8, 1.2e-3, False)
+        assert name.startswith(f"warm{cfg.warmup_iterations}")
