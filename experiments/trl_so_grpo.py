@@ -14,8 +14,10 @@ vocabulary has none, so the rollout hook is the nearest real path: same task, sa
 The setting is the bundled trainer's (``TrainConfig`` fields, ``--set`` over its defaults): the same
 warm-started policy for the seed (its cache key), ``episodes`` per generation batch in groups of
 ``group_size``, ``minibatches`` optimizer updates per batch (``steps_per_generation``), ``epochs`` passes
-(``num_iterations``), ``lr`` decayed linearly to 0 (``anneal_lr``; TRL's default schedule), ``clip_eps``,
-``max_grad_norm``, no KL to a reference. Staleness: TRL samples with the learner, so the rollout hook samples
+(``num_iterations``), ``lr`` decayed linearly to 0 (``anneal_lr``; TRL's default schedule) after an optional
+warm-up (``warmup_iterations``), ``clip_eps``, ``max_grad_norm``, no KL to a reference. A ``--set`` field the
+script does not map (``HONOURED``) is refused; the SO-GRPO knobs ``SORLGRPOConfig`` shares (``PASSED_TO_SORL``)
+go to it when set. Staleness: TRL samples with the learner, so the rollout hook samples
 with the learner as it was ``staleness`` generation batches ago and the ratio is taken against that
 sampler's log-probs (``old_per_token_logps`` := the sampler's), as the bundled trainer does. TRL splits a
 generation batch into its mini-batches once; the bundled trainer reshuffles each epoch.
@@ -46,6 +48,49 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 DEFAULT_VARIANTS = ("grpo", "so_grpo+auto")
+
+HONOURED = (
+    "seed", "threads", "episodes", "group_size", "staleness", "temperature", "epochs", "minibatches", "lr",
+    "anneal_lr", "warmup_iterations", "max_grad_norm", "clip_eps", "kl_ref_coef", "warmstart_steps",
+    "warmstart_error_rate", "warmstart_lr", "warmstart_stuck_nll", "warmstart_target_nll", "warmstart_cache",
+)  # fmt: skip
+"""The ``TrainConfig`` fields this script maps onto TRL (besides the ``task.`` and ``policy.`` tables)."""
+PASSED_TO_SORL = (
+    "turn_ratio", "dual_clip", "ctn_coef", "ctn_target_clip", "ctn_coef_max", "ctn_kl_cap", "ctn_quiet_updates",
+    "ctn_auto_start", "ctn_guard_every",
+)  # fmt: skip
+"""``TrainConfig`` fields that ``SORLGRPOConfig`` has under the same name: passed on only when ``--set`` names
+them, so an unset one keeps the adapter's default (``dual_clip``: TRL's None, not the bundled trainer's 3)."""
+
+
+def check_assignments(assignments: list[str]) -> None:
+    """``ValueError`` naming a ``--set`` field this script would not honour (silently ignoring it would mislabel
+    the run: its ``run.json`` would record a setting its training never saw)."""
+    from sorl_monitor.settings import parse_assignments
+
+    for name in parse_assignments(assignments):
+        table, _, key = name.rpartition(".")
+        if table in ("task", "policy") or (not table and key in (*HONOURED, *PASSED_TO_SORL)):
+            continue
+        hint = " (use --steps)" if name == "iterations" else ""
+        raise ValueError(f"--set {name}: not used by the TRL path{hint}; it honours {', '.join(HONOURED)}, "
+                         f"task.*, policy.* and SORLGRPOConfig's {', '.join(PASSED_TO_SORL)}")  # fmt: skip
+
+
+def lr_schedule(cfg: Any) -> dict[str, Any]:
+    """``GRPOConfig``'s schedule fields for the bundled trainer's: linear decay to 0 (``anneal_lr``) or constant,
+    after a linear warm-up over ``warmup_iterations`` generation batches (Hugging Face's ramps per optimizer
+    step from 0; the bundled trainer's per batch from ``lr / warmup_iterations``)."""
+    warmup = cfg.warmup_iterations * cfg.epochs * cfg.minibatches
+    kind = "linear" if cfg.anneal_lr else ("constant_with_warmup" if warmup else "constant")
+    return {"lr_scheduler_type": kind, "warmup_steps": warmup}
+
+
+def sorl_fields(cfg: Any, assignments: list[str]) -> dict[str, Any]:
+    """The ``PASSED_TO_SORL`` fields that ``assignments`` set, with ``cfg``'s (parsed) values."""
+    from sorl_monitor.settings import parse_assignments
+
+    return {name: getattr(cfg, name) for name in parse_assignments(assignments) if name in PASSED_TO_SORL}
 
 
 def parse_variant(variant: str) -> tuple[str, str]:
@@ -208,7 +253,7 @@ def train_one(variant: str, seed: int, steps: int, assignments: list[str], log_d
         output_dir=str(log_dir / ".trl" / name), max_steps=steps * cfg.epochs * cfg.minibatches,
         per_device_train_batch_size=cfg.episodes // cfg.minibatches, steps_per_generation=cfg.minibatches,
         gradient_accumulation_steps=1, num_iterations=cfg.epochs, num_generations=cfg.group_size,
-        max_completion_length=env.seq_len, learning_rate=cfg.lr, lr_scheduler_type="linear" if cfg.anneal_lr else "constant",
+        max_completion_length=env.seq_len, learning_rate=cfg.lr, **lr_schedule(cfg), **sorl_fields(cfg, assignments),
         max_grad_norm=cfg.max_grad_norm, epsilon=cfg.clip_eps, beta=cfg.kl_ref_coef, temperature=cfg.temperature,
         loss_type=loss_type, ctn=ctn, seed=seed, data_seed=seed, use_cpu=True, report_to=[], save_strategy="no",
         logging_steps=cfg.epochs * cfg.minibatches, disable_tqdm=True, dataloader_num_workers=0,
@@ -255,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     from sorl_monitor.trainer.config import TrainConfig, with_settings
 
     try:
+        check_assignments(opts.assignments)
         with_settings(TrainConfig(), opts.assignments).check()
         for variant in opts.variants:
             loss, ctn = parse_variant(variant)

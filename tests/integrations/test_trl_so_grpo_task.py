@@ -118,3 +118,48 @@ def test_bad_arguments_are_one_line_and_exit_2(capsys):
     assert script.main(["--set", "lr=-1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all(line.startswith("error: ") for line in err)
+
+
+def test_a_setting_the_trl_path_would_ignore_is_refused_in_one_line(capsys):
+    assert script.main(["--set", "ent_coef=0.01"]) == 2
+    assert script.main(["--set", "iterations=5"]) == 2
+    first, second = capsys.readouterr().err.strip().splitlines()
+    assert first.startswith("error: --set ent_coef: not used by the TRL path;")
+    assert second.startswith("error: --set iterations: not used by the TRL path (use --steps);")
+    script.check_assignments(["task.max_hops=2", "policy.layers=1", "dual_clip=3", *TINY])  # all honoured
+
+
+def test_the_lr_schedule_is_the_bundled_trainers_warm_up_then_constant_or_decay():
+    from sorl_monitor.trainer.config import TrainConfig
+
+    updates = 8 * 4  # epochs × minibatches: optimizer steps per generation batch
+    assert script.lr_schedule(TrainConfig(anneal_lr=False, warmup_iterations=20)) == {
+        "lr_scheduler_type": "constant_with_warmup", "warmup_steps": 20 * updates}  # fmt: skip
+    assert script.lr_schedule(TrainConfig(anneal_lr=False)) == {
+        "lr_scheduler_type": "constant",
+        "warmup_steps": 0,
+    }
+    assert script.lr_schedule(TrainConfig(warmup_iterations=3)) == {
+        "lr_scheduler_type": "linear", "warmup_steps": 3 * updates}  # fmt: skip
+
+
+def test_so_grpo_knobs_reach_the_adapters_config_only_when_set(tmp_path):
+    from sorl_monitor.integrations.trl_so_grpo import SORLGRPOConfig
+    from sorl_monitor.trainer.config import TrainConfig, with_settings
+
+    knobs = ["turn_ratio=mean", "dual_clip=2.5", "ctn_coef=16", "ctn_target_clip=0.1", "ctn_coef_max=64",
+             "ctn_kl_cap=2", "ctn_quiet_updates=512", "ctn_auto_start=off", "ctn_guard_every=4"]  # fmt: skip
+    assert sorted(k.partition("=")[0] for k in knobs) == sorted(script.PASSED_TO_SORL)
+    cfg = with_settings(TrainConfig(), [*knobs, "lr=1e-3"])
+    fields = script.sorl_fields(cfg, [*knobs, "lr=1e-3"])
+    assert "lr" not in fields and fields["dual_clip"] == 2.5 and fields["ctn_auto_start"] == "off"
+    args = SORLGRPOConfig(
+        output_dir=str(tmp_path), use_cpu=True, report_to=[], **fields, **script.lr_schedule(cfg)
+    )
+    assert (args.dual_clip, args.ctn_coef_max, args.turn_ratio, args.ctn_guard_every) == (
+        2.5,
+        64.0,
+        "mean",
+        4,
+    )
+    assert script.sorl_fields(with_settings(TrainConfig(), ["lr=1e-3"]), ["lr=1e-3"]) == {}
