@@ -73,8 +73,8 @@ def check_assignments(assignments: list[str]) -> None:
         if table in ("task", "policy") or (not table and key in (*HONOURED, *PASSED_TO_SORL)):
             continue
         hint = " (use --steps)" if name == "iterations" else ""
-        raise ValueError(f"--set {name}: not used by the TRL path{hint}; it honours {', '.join(HONOURED)}, "
-                         f"task.*, policy.* and SORLGRPOConfig's {', '.join(PASSED_TO_SORL)}")  # fmt: skip
+        raise ValueError(f"--set {name}: not used by the TRL path{hint}; it takes task.*, policy.* and the "
+                         "fields in HONOURED and PASSED_TO_SORL (experiments/trl_so_grpo.py)")  # fmt: skip
 
 
 def lr_schedule(cfg: Any) -> dict[str, Any]:
