@@ -94,3 +94,32 @@ def test_round_six_warms_the_lr_up_in_the_base_so_grpo_gets_it_too():
         cfg = with_settings(TrainConfig(algo="grpo"), [f"{k}={v}" for k, v in fields.items()])
         assert (cfg.staleness, cfg.lr, cfg.anneal_lr) == (8, 1.2e-3, False)
         assert name.startswith(f"warm{cfg.warmup_iterations}")
+
+
+def test_round_seven_bases_and_remedies_are_trainer_settings():
+    from collapse_sweep import parse_setting, parse_variant
+
+    from sorl_monitor.trainer.config import TrainConfig, with_settings
+
+    (a, base_a), (b, base_b) = (parse_setting(text) for text in claim.ROUND7_BASES)
+    assert a == "warm20stale8lr1.2e-3" and b == "ep256" + a
+    assert {k: v for k, v in base_b.items() if k != "episodes"} == base_a and base_b["episodes"] == "256"
+    for remedy in claim.ROUND7_REMEDIES:
+        cfg = with_settings(
+            TrainConfig(), [f"{k}={v}" for k, v in {**base_b, **parse_variant(remedy)}.items()]
+        )
+        assert (cfg.algo, cfg.ctn, cfg.episodes, cfg.warmup_iterations) == ("so_grpo", "auto", 256, 20)
+    assert not set(claim.ROUND7_EVAL_SEEDS) & set(claim.EVAL_SEEDS) and len(claim.ROUND7_EVAL_SEEDS) == 8
+
+
+def test_round_seven_falls_back_to_the_relaxed_pick_only_with_no_sag_collapse():
+    base, (lam32, proximal) = "ep256warm20stale8lr1.2e-3", claim.ROUND7_REMEDIES
+    sweep = (rows(base, "grpo", [True, True, True, False], [0.2] * 4)
+             + rows(base, lam32, [False] * 4, [0.66, 0.8, 0.8, 0.8])
+             + rows(base, proximal, [False, False, False, True], [0.9] * 4))  # fmt: skip
+    assert claim.pick(sweep, claim.ROUND7_BASES, claim.ROUND7_REMEDIES)[0] is None
+    assert claim.pick_relaxed(sweep, claim.ROUND7_BASES, claim.ROUND7_REMEDIES)[0] == (base, lam32)
+    two_sags = rows(base, "grpo", [True] * 4, [0.2] * 4) + rows(
+        base, lam32, [False] * 4, [0.6, 0.6, 0.8, 0.8]
+    )
+    assert claim.pick_relaxed(two_sags, claim.ROUND7_BASES, claim.ROUND7_REMEDIES)[0] is None
