@@ -123,3 +123,21 @@ def test_round_seven_falls_back_to_the_relaxed_pick_only_with_no_sag_collapse():
         base, lam32, [False] * 4, [0.6, 0.6, 0.8, 0.8]
     )
     assert claim.pick_relaxed(two_sags, claim.ROUND7_BASES, claim.ROUND7_REMEDIES)[0] is None
+
+
+def test_round_eight_pushes_grpo_harder_at_256_episodes():
+    from collapse_sweep import parse_setting, parse_variant
+
+    from sorl_monitor.trainer.config import TrainConfig, with_settings
+
+    pushed = set()
+    for text in claim.ROUND8_BASES:
+        name, fields = parse_setting(text)
+        cfg = with_settings(
+            TrainConfig(),
+            [f"{k}={v}" for k, v in {**fields, **parse_variant(claim.ROUND8_REMEDIES[0])}.items()],
+        )
+        assert (cfg.episodes, cfg.warmup_iterations, cfg.ctn_coef_max) == (256, 20, 32.0)
+        pushed.add((cfg.staleness, cfg.lr))
+        assert name == f"ep256warm20stale{cfg.staleness}lr{fields['lr']}"
+    assert pushed == {(8, 2e-3), (16, 1.2e-3)}
