@@ -1,6 +1,6 @@
-"""The paper's GRPO claim in the bundled trainer, second and third pre-registered rounds (not a test).
+"""The paper's GRPO claim in the bundled trainer, pre-registered rounds 2–8 (not a test).
 
-    python experiments/grpo_claim_round2.py [--round 2|3|4|5|6] [--jobs 2] [--log-dir sweep_runs/grpo31/round2]
+    python experiments/grpo_claim_round2.py [--round 2|3|4|5|6|7|8] [--jobs 2] [--log-dir sweep_runs/grpo31/round2]
         [--out claim2]
 
 Round 1 (``grpo_claim.py``, ``experiments/results/grpo_claim.md``) picked ``stale16lr8e-4`` on two tuning
