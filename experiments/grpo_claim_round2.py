@@ -133,19 +133,25 @@ ITERATIONS = 100
 GRPO_COLLAPSES_NEEDED = 3  # of the 4 tuning seeds
 
 
-def pick(rows: list[dict], bases=BASES, remedies=REMEDIES) -> tuple[tuple[str, str] | None, str]:
-    """The rule of the module docstring: ``((base, remedy) or None, why)`` from the tuning rows."""
-    scored = []
+def complete_pairs(rows: list[dict], bases, remedies):
+    """``(order, (name, remedy), grpo_rows, remedy_rows)`` for each pair with a row per tuning seed on both sides;
+    ``order`` ranks the earlier pair higher on ties."""
     for b, base in enumerate(bases):
         name = parse_setting(base)[0]
         grpo = [r for r in rows if r["setting"] == name and r["variant"] == "grpo"]
         for m, remedy in enumerate(remedies):
             mine = [r for r in rows if r["setting"] == name and r["variant"] == remedy]
-            if len(grpo) != len(TUNING_SEEDS) or len(mine) != len(TUNING_SEEDS):
-                continue
-            collapses = sum(r["collapsed"] for r in grpo)
-            if collapses >= GRPO_COLLAPSES_NEEDED and all(holds(r) for r in mine):
-                scored.append(((collapses, min(r["hold"] for r in mine), -b, -m), (name, remedy)))
+            if len(grpo) == len(mine) == len(TUNING_SEEDS):
+                yield (-b, -m), (name, remedy), grpo, mine
+
+
+def pick(rows: list[dict], bases=BASES, remedies=REMEDIES) -> tuple[tuple[str, str] | None, str]:
+    """The rule of the module docstring: ``((base, remedy) or None, why)`` from the tuning rows."""
+    scored = []
+    for order, pair, grpo, mine in complete_pairs(rows, bases, remedies):
+        collapses = sum(r["collapsed"] for r in grpo)
+        if collapses >= GRPO_COLLAPSES_NEEDED and all(holds(r) for r in mine):
+            scored.append(((collapses, min(r["hold"] for r in mine), *order), pair))
     if not scored:
         return None, "no (base, remedy) pair qualifies"
     qualifying = ", ".join(f"{n} × {r}" for _, (n, r) in scored)
@@ -156,17 +162,11 @@ def pick_relaxed(rows: list[dict], bases, remedies) -> tuple[tuple[str, str] | N
     """Round 7's fallback: GRPO collapsed on ≥ 3 of 4, the remedy on none and holding on ≥ 3 of 4; the most
     remedy holds, then the highest worst hold, then the earlier pair."""
     scored = []
-    for b, base in enumerate(bases):
-        name = parse_setting(base)[0]
-        grpo = [r for r in rows if r["setting"] == name and r["variant"] == "grpo"]
-        for m, remedy in enumerate(remedies):
-            mine = [r for r in rows if r["setting"] == name and r["variant"] == remedy]
-            if len(grpo) != len(TUNING_SEEDS) or len(mine) != len(TUNING_SEEDS):
-                continue
-            held = sum(holds(r) for r in mine)
-            if (sum(r["collapsed"] for r in grpo) >= GRPO_COLLAPSES_NEEDED
-                    and not any(r["collapsed"] for r in mine) and held >= len(TUNING_SEEDS) - 1):  # fmt: skip
-                scored.append(((held, min(r["hold"] for r in mine), -b, -m), (name, remedy)))
+    for order, pair, grpo, mine in complete_pairs(rows, bases, remedies):
+        held = sum(holds(r) for r in mine)
+        if (sum(r["collapsed"] for r in grpo) >= GRPO_COLLAPSES_NEEDED
+                and not any(r["collapsed"] for r in mine) and held >= len(TUNING_SEEDS) - 1):  # fmt: skip
+            scored.append(((held, min(r["hold"] for r in mine), *order), pair))
     if not scored:
         return None, "no pair qualifies relaxed either"
     return max(scored)[1], "relaxed pick: " + ", ".join(f"{n} × {r}" for _, (n, r) in scored)
