@@ -39,7 +39,7 @@ from sorl_monitor.logs import (
 from sorl_monitor.logs.guards import check_path
 from sorl_monitor.logs.table import unique_ids
 from sorl_monitor.query_errors import CorruptPartWarning, QueryError, first_line
-from sorl_monitor.schema import PART_GLOB, RUN_FILE, type_conflicts, visible_parts
+from sorl_monitor.schema import PART_GLOB, RUN_FILE, has_flush_gaps, type_conflicts, visible_parts
 from sorl_monitor.storage import StorageError, is_remote, mirror_down
 from sorl_monitor.verdict_table import VERDICT_COLUMNS, read_verdicts
 
@@ -58,6 +58,15 @@ RUN_COLUMNS = pa.schema(
         pa.field("last_write", pa.float64()),
     ]
 )
+
+
+LIST_ATTEMPTS = 4
+"""How many times a table folder is listed while its listing looks stale (``RunCatalog._table_parts``)."""
+
+
+def list_parts(folder: Path) -> list[str]:
+    """The part files in a table folder's rank folders, as one directory scan finds them."""
+    return [str(p) for p in folder.glob(f"rank=*/{PART_GLOB}")]
 
 
 def _as_list(
@@ -290,27 +299,55 @@ class RunCatalog:
     def parts(self, table: str) -> Iterable[str]:
         """Readable parts of ``table``: footer checked once (cached), parts replaced by a compaction left out."""
         for run_dir in self.run_dirs:
-            listed = [str(p) for p in (run_dir / table).glob(f"rank=*/{PART_GLOB}")]
-            for key in sorted(visible_parts(listed)):
-                path = Path(key)
-                try:
-                    stat = path.stat()
-                except OSError:
-                    continue
-                cached = self._checked.get(key)
-                if cached is None or (cached.size, cached.mtime_ns) != (stat.st_size, stat.st_mtime_ns):
-                    cached = _PartCheck(stat.st_size, stat.st_mtime_ns, self._footer_ok(key))
-                    self._checked[key] = cached
-                if cached.ok:
-                    yield key
+            yield from self._table_parts(run_dir / table)
 
-    def _footer_ok(self, path: str) -> bool:
+    def _table_parts(self, folder: Path) -> list[str]:
+        """The readable parts of one table folder, from a listing taken again (up to ``LIST_ATTEMPTS``) while
+        it is stale: a part it names is gone by the time it is checked, or a rank's flush numbers have a hole
+        that the next listing does not repeat. A compaction between the directory scan and the check (it
+        writes ``part-A-B``, then deletes ``A…B``) would otherwise hide those rows until the next refresh."""
+        previous: list[str] | None = None
+        readable: list[str] = []
+        for _attempt in range(LIST_ATTEMPTS):
+            listed = sorted(visible_parts(list_parts(folder)))
+            readable, gone = self._readable(listed)
+            if not gone and (listed == previous or not has_flush_gaps(listed)):
+                break
+            previous = listed
+        return readable
+
+    def _readable(self, listed: list[str]) -> tuple[list[str], bool]:
+        """The parts of ``listed`` whose footers read (checked once per size and mtime), and whether one of
+        them was gone when checked."""
+        readable, gone = [], False
+        for key in listed:
+            try:
+                stat = os.stat(key)
+            except FileNotFoundError:
+                gone = True
+                continue
+            except OSError:
+                continue
+            cached = self._checked.get(key)
+            if cached is None or (cached.size, cached.mtime_ns) != (stat.st_size, stat.st_mtime_ns):
+                ok = self._footer_ok(key)
+                if ok is None:
+                    gone = True
+                    continue
+                cached = _PartCheck(stat.st_size, stat.st_mtime_ns, ok)
+                self._checked[key] = cached
+            if cached.ok:
+                readable.append(key)
+        return readable, gone
+
+    def _footer_ok(self, path: str) -> bool | None:
         """Whether a part's footer reads and its known columns have types the views take (a part with text
-        in ``loss`` would make every query of its table that computes on ``loss`` fail, naming no file)."""
+        in ``loss`` would make every query of its table that computes on ``loss`` fail, naming no file);
+        None if it was compacted away since it was listed."""
         try:
             schema = pq.read_schema(path)
-        except FileNotFoundError:  # compacted away since it was listed
-            return False
+        except FileNotFoundError:
+            return None
         except Exception as error:  # noqa: BLE001 - any unreadable file is skipped, loudly
             self.skip(path, error)
             return False

@@ -229,3 +229,18 @@ def visible_parts(paths: list[str]) -> list[str]:
                 visible.append(path)
                 covered_until = last
     return visible
+
+
+def has_flush_gaps(paths: list[str]) -> bool:
+    """Whether the visible parts of a rank folder skip a flush number between their first and last (a part
+    written or compacted while the folder was scanned can leave one; a crash can too, for good)."""
+    by_folder: dict[str, list[tuple[int, int]]] = {}
+    for path in paths:
+        folder, _, name = path.rpartition("/")
+        if (bounds := part_range(name)) is not None:
+            by_folder.setdefault(folder, []).append(bounds)
+    for ranges in by_folder.values():
+        ranges.sort()
+        if any(first > last + 1 for (_, last), (first, _) in zip(ranges, ranges[1:], strict=False)):
+            return True
+    return False
