@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -204,17 +205,11 @@ def score_candidate(
     return Result(name, level, len(caught), len(caught & misses), len(near), len(near & misses), first_steps)
 
 
-def scan(
-    corpus: str, misses: set[str], block: int = BLOCK, columns: dict[str, str] = COLUMNS
-) -> list[Result]:
-    """Every candidate's ``Result`` on the corpus at ``corpus`` (labels as ``experiments/detector_eval.py``'s)."""
-    with open_runs([corpus]) as runs:
-        labelled = {r.run_id: r for r in detector_eval.labels(runs, DetectorConfig())}
-    series = block_series(corpus, block, columns)
-    stable = [r.run_id for r in labelled.values() if r.collapse_step is None and not r.dipped]
-    collapsing = [r for r in labelled.values() if r.collapse_step is not None]
-    steps_of = {r: series[r]["step"] for r in series}
-    results = []
+def candidate_values(
+    series: dict[str, dict[str, np.ndarray]], block: int = BLOCK, columns: dict[str, str] = COLUMNS
+) -> Iterator[tuple[str, float, dict[str, np.ndarray]]]:
+    """Every candidate of ``block_series``' output: its name, its sign (+1 up, −1 down), and per run its
+    per-block values, signed (so that a candidate always fires upward)."""
     for column in columns:
         for aggregate in AGGREGATES:
             key = f"{column}_{aggregate}"
@@ -228,12 +223,38 @@ def scan(
                 for sign, direction in ((1.0, "up"), (-1.0, "down")):
                     if kind in ("fold", "drop") and sign < 0:
                         continue  # a fold read downward mirrors the drop, a drop read downward the fold
-                    name = f"{column} {aggregate} {kind} {direction}"
-                    signed = {r: sign * v for r, v in values.items()}
-                    result = score_candidate(name, signed, steps_of, stable, collapsing, misses)
-                    if result is not None:
-                        result.level *= sign
-                        results.append(result)
+                    yield (
+                        f"{column} {aggregate} {kind} {direction}",
+                        sign,
+                        {r: sign * v for r, v in values.items()},
+                    )
+
+
+def scan_inputs(
+    corpus: str, block: int = BLOCK, columns: dict[str, str] = COLUMNS
+) -> tuple[dict[str, dict[str, np.ndarray]], list[str], list[detector_eval.Labelled]]:
+    """The corpus's block series, its stable runs' ids and its collapsing runs (labels as
+    ``experiments/detector_eval.py``'s)."""
+    with open_runs([corpus]) as runs:
+        labelled = {r.run_id: r for r in detector_eval.labels(runs, DetectorConfig())}
+    series = block_series(corpus, block, columns)
+    stable = [r.run_id for r in labelled.values() if r.collapse_step is None and not r.dipped]
+    collapsing = [r for r in labelled.values() if r.collapse_step is not None]
+    return series, stable, collapsing
+
+
+def scan(
+    corpus: str, misses: set[str], block: int = BLOCK, columns: dict[str, str] = COLUMNS
+) -> list[Result]:
+    """Every candidate's ``Result`` on the corpus at ``corpus`` (labels as ``experiments/detector_eval.py``'s)."""
+    series, stable, collapsing = scan_inputs(corpus, block, columns)
+    steps_of = {r: series[r]["step"] for r in series}
+    results = []
+    for name, sign, signed in candidate_values(series, block, columns):
+        result = score_candidate(name, signed, steps_of, stable, collapsing, misses)
+        if result is not None:
+            result.level *= sign
+            results.append(result)
     return results
 
 
