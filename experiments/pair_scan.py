@@ -1,6 +1,6 @@
 """Scan pairs of signals that must cross together for an early collapse signal the detectors miss (issue #26).
 
-    python experiments/pair_scan.py [--corpus sweep_runs/corpus_full] [--pool 120] [--top 20]
+    python experiments/pair_scan.py [--corpus sweep_runs/corpus_full] [--pool 120] [--top 20] [--loso]
 
 Plan and rule, written before the first run: ``experiments/results/detector_eval_pair_scan.md``. Candidates are
 ``signal_scan``'s (kept and other columns, 8-update blocks, six transforms, up and down). The pool: the
@@ -9,11 +9,13 @@ runs exceed. A pair (two pool members of different columns) fires at the first b
 levels, each level from ``LEVEL_RANKS`` (the per-run maxima of the stable runs at those ranks); a level pair is
 admissible when at most ``signal_scan.STABLE_ALLOWED`` stable runs ever fire. A pair's score: its admissible
 level pair with the most misses, then collapses, caught in the credited window (last recovery to fall start).
+``--loso``: the gate for the pairs that separate, their levels refit leave-one-setting-out (``loso_gate``).
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +27,7 @@ for folder in (ROOT, ROOT / "experiments"):
     if str(folder) not in sys.path:
         sys.path.insert(0, str(folder))
 
+import detector_eval  # noqa: E402
 import signal_scan  # noqa: E402
 
 POOL_STABLE = 8
@@ -74,7 +77,9 @@ def stable_levels(values: dict[str, np.ndarray], stable: list[str], ranks=LEVEL_
 
 def single_score(values, win: Windows, level: float) -> tuple[int, int]:
     """(misses, collapses) caught by one candidate at ``level`` in the credited windows."""
-    caught = np.array([np.nan_to_num(values[r][win.index[r]], nan=-np.inf).max() > level for r in win.collapsing])
+    caught = np.array(
+        [np.nan_to_num(values[r][win.index[r]], nan=-np.inf).max() > level for r in win.collapsing]
+    )
     return int((caught & win.misses).sum()), int(caught.sum())
 
 
@@ -86,12 +91,54 @@ def pair_fires(a: np.ndarray, b: np.ndarray, levels_a, levels_b, starts: np.ndar
     return best_b[:, :, None] > levels_b[None, None, :]
 
 
+def best_levels(fires: np.ndarray, stable: np.ndarray, missed: np.ndarray, use: np.ndarray) -> tuple | None:
+    """The admissible level pair (at most ``STABLE_ALLOWED`` of the ``use``d stable segments firing) with the
+    most ``missed`` then collapsing segments caught among the ``use``d ones; None if none is admissible."""
+    collapsing = ~stable
+    fired = fires[:, stable & use, :].sum(1)
+    caught = fires[:, collapsing & use, :]
+    key = caught[:, missed[collapsing & use], :].sum(1) * 1000 + caught.sum(1)
+    key = np.where(fired <= signal_scan.STABLE_ALLOWED, key, -1)
+    ia, ib = np.unravel_index(int(np.argmax(key)), key.shape)
+    return None if key[ia, ib] < 0 else (ia, ib)
+
+
+def loso_gate(fires: np.ndarray, segments: list[str], n_stable: int, misses: set[str],
+              quiet_false: set[str]) -> tuple[list[str], list[str]]:  # fmt: skip
+    """The misses a pair adds and the stable runs it newly alarms, its levels refit on the other settings
+    for each held-out setting; ``quiet_false``: the stable runs the detectors already alarm on."""
+    settings = np.array([detector_eval.setting_of(r) for r in segments])
+    stable = np.arange(len(segments)) < n_stable
+    missed = np.array([r in misses for r in segments])
+    added, new_false = [], []
+    for setting in sorted(set(settings)):
+        held = settings == setting
+        levels = best_levels(fires, stable, missed, ~held)
+        if levels is None:
+            continue
+        for i in np.flatnonzero(held & fires[levels[0], :, levels[1]]):
+            if stable[i] and segments[i] not in quiet_false:
+                new_false.append(segments[i])
+            elif not stable[i] and missed[i]:
+                added.append(segments[i])
+    return added, new_false
+
+
+def false_alarms_per_update(results_file: Path) -> set[str]:
+    """The stable runs the leave-one-setting-out detectors alarm on per update, read off ``detector_eval.txt``."""
+    section = results_file.read_text().split("### update:", 1)[1].split("###", 1)[0]
+    return set(re.findall(r"([\w.\-]+) \(alarm", " ".join(section.split("false alarms:", 1)[1].split())))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--corpus", default=str(ROOT / "sweep_runs" / "corpus_full"))
     parser.add_argument("--results", type=Path, default=ROOT / "experiments/results/detector_eval.txt")
     parser.add_argument("--pool", type=int, default=120)
     parser.add_argument("--top", type=int, default=20)
+    parser.add_argument(
+        "--loso", action="store_true", help="the gate: separating pairs' levels refit per fold"
+    )
     args = parser.parse_args(argv)
     columns = {**signal_scan.COLUMNS, **{name: f"{name}::DOUBLE" for name in signal_scan.NEW_COLUMNS}}
     misses = signal_scan.misses_per_update(args.results)
@@ -147,6 +194,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {a} & {b} | {ra}, {rb} | {fired} | {total} | {m} |")
     histogram = np.bincount([r[0] for r in results])
     print("\npairs by misses caught: " + ", ".join(f"{k}: {n}" for k, n in enumerate(histogram) if n))
+    if args.loso:
+        quiet_false = false_alarms_per_update(args.results)
+        segments = [*win.stable, *win.collapsing]
+        print(f"\ngate, levels refit leave-one-setting-out (passes: ≥ 3 misses added, no new false alarm; the "
+              f"detectors' false alarms: {', '.join(sorted(quiet_false))})\n")  # fmt: skip
+        print("| pair | misses added | new false alarms | passes |")
+        print("|---|---|---|---|")
+        for _m, _total, a, b, *_ in separating:
+            (va, la), (vb, lb) = pool[a], pool[b]
+            fires = pair_fires(va, vb, la, lb, starts)
+            added, new_false = loso_gate(fires, segments, n_stable, misses, quiet_false)
+            passes = len(added) >= 3 and not new_false
+            print(f"| {a} & {b} | {len(added)} ({', '.join(added) or '—'}) | {len(new_false)} "
+                  f"({', '.join(new_false) or '—'}) | {'yes' if passes else 'no'} |")  # fmt: skip
     return 0
 
 
