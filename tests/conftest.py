@@ -24,10 +24,14 @@ SHARED_SESSION_FIXTURES = ("ppo_logs", "s3_server")
 """Session fixtures that train or start a server: their tests run on one worker, so they are made once."""
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist, one group per worker unit: the browser tests together (one Chromium and one
     dashboard server at a time), the tests of each shared session fixture together, else each module's tests
-    together (its module-scoped fixtures are made once). A test's own ``xdist_group`` mark wins."""
+    together (its module-scoped fixtures are made once). A test's own ``xdist_group`` mark wins.
+
+    ``tryfirst``: xdist's worker turns the marks into its ``@group`` node-id suffixes in its own hook of this
+    name; run after it, the marks were never read and a module's tests were spread over both workers."""
     if not config.pluginmanager.has_plugin("xdist"):
         return
     for item in items:
