@@ -31,4 +31,4 @@ def read_table(path: Path) -> pa.Table:
 
 def read(path: Path, name: str, fmt: str = "csv") -> list[ForeignRun]:
     """The run in a CSV file."""
-    return [wide_run(path, fmt, name, read_table(path))]
+    return wide_run(path, fmt, name, read_table(path))

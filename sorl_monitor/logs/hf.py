@@ -20,9 +20,9 @@ from sorl_monitor.logs.table import (
     LogFormatError,
     foreign_run,
     json_config,
-    one_row_per_step,
     records_table,
     run_name,
+    segmented_runs,
 )
 
 STATE_FILE = "trainer_state.json"
@@ -75,11 +75,13 @@ def read(path: Path, name: str) -> list[ForeignRun]:
     if not isinstance(history, list):
         raise LogFormatError(f"{file} is neither a trainer_state.json nor a log_history list")
     rows = [row for row in history if is_training_row(row)]
-    table = one_row_per_step(records_table(rows), "step") if rows else NO_STEPS
     config = json_config(
         {k: v for k, v in state.items() if k != "log_history" and not isinstance(v, list | dict)}
     )
-    return [foreign_run(path, "hf", name, table, info={"config": config} if config else None)]
+    info = {"config": config} if config else None
+    if not rows:
+        return [foreign_run(path, "hf", name, NO_STEPS, info=info)]
+    return segmented_runs(path, "hf", name, records_table(rows), "step", info=info, unit="log_history entry")
 
 
 def default_name(path: Path) -> str:

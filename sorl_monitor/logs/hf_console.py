@@ -30,8 +30,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from sorl_monitor.logs.console import console_lines, console_text, scan_head
-from sorl_monitor.logs.table import NO_STEPS, ForeignRun, LogWarning, foreign_run, records_table
+from sorl_monitor.logs.table import NO_STEPS, ForeignRun, LogWarning, foreign_run, records_table, split_runs
 
 MAX_DICT_CHARS = 1 << 16
 """Longest line read as a log dict (``ast.literal_eval`` is given nothing longer)."""
@@ -170,16 +172,56 @@ def _logging_steps_in(text: str, lines: list[str], bars: list[tuple[int, int]]) 
 
 
 def read(path: Path, name: str, logging_steps: int | None = None) -> list[ForeignRun]:
-    """The run in a captured ``Trainer`` console: one row per training dict, its step by the module's rules."""
+    """The runs in a captured ``Trainer`` console: one row per training dict, its step by the module's rules.
+    A dict printed twice in a row counts once; training started again in the same file (the dicts' ``epoch``
+    going back) is a run of its own (``table.split_runs``), each numbered by the rules on its own lines."""
     data = path.read_bytes()  # a half-written dict does not parse, a half-drawn bar does not match
     lines = console_lines(data)
     dicts: list[tuple[int, dict[str, Any]]] = []
+    doubled = []
     for i, line in enumerate(lines):
         if "{'" in line and (logs := parse_dict(line)) is not None and is_training_dict(logs):
+            if dicts and logs == dicts[-1][1]:
+                doubled.append(i + 1)
+                continue
             dicts.append((i, logs))
+    if doubled:
+        warnings.warn(
+            f"{path}: {len(doubled)} log dicts printed twice in a row counted once (first: line {doubled[0]})",
+            LogWarning,
+            stacklevel=3,
+        )
     if not dicts:
         return [foreign_run(path, "hf-console", name, NO_STEPS)]
+    epochs = np.array([_epoch(logs) for _, logs in dicts], np.float64)
+    parts = split_runs(path, name, epochs, unit="line", positions=[i + 1 for i, _ in dicts], axis="epoch")
     bars = _training_bar_counts(lines)
+    runs = []
+    for k, (part, rows) in enumerate(parts):
+        mine = [dicts[i] for i in rows]
+        low = dicts[parts[k - 1][1].max()][0] if k else -1
+        high = dicts[parts[k + 1][1].min()][0] if k + 1 < len(parts) else len(lines)
+        own_bars = [(i, count) for i, count in bars if low < i < high]
+        runs.append(_numbered_run(path, part, data, lines, mine, own_bars, logging_steps, segment_of=name))
+    return runs
+
+
+def _epoch(logs: dict[str, Any]) -> float:
+    value = value_of(logs.get(EPOCH))
+    return float(value) if isinstance(value, float) else float("nan")
+
+
+def _numbered_run(
+    path: Path,
+    name: str,
+    data: bytes,
+    lines: list[str],
+    dicts: list[tuple[int, dict[str, Any]]],
+    bars: list[tuple[int, int]],
+    logging_steps: int | None,
+    segment_of: str,
+) -> ForeignRun:
+    """One run's dicts numbered by the module's rules (``step_rule`` says which)."""
     steps, rule = None, "logging_steps given"
     if logging_steps is not None:
         steps = [logging_steps * k for k in range(1, len(dicts) + 1)]
@@ -195,11 +237,13 @@ def read(path: Path, name: str, logging_steps: int | None = None) -> list[Foreig
             f"{path}: its log dicts carry no step and neither the bar nor the log says logging_steps; "
             "steps are the dicts' ranks (give --logging-steps)",
             LogWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
     rows = [
         {"step": step, **{k: v for k, raw in logs.items() if (v := value_of(raw)) is not None}}
         for step, (_, logs) in zip(steps, dicts, strict=True)
     ]
-    table = records_table(rows)
-    return [foreign_run(path, "hf-console", name, table, info={"config": {"step_rule": rule}})]
+    info: dict[str, Any] = {"config": {"step_rule": rule}}
+    if name != segment_of:
+        info["segment_of"] = segment_of
+    return foreign_run(path, "hf-console", name, records_table(rows), info=info)

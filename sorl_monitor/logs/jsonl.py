@@ -62,5 +62,5 @@ def read(path: Path, name: str, fmt: str = "jsonl") -> list[ForeignRun]:
     table = read_table(path)
     kinds = row_kinds.kind_column(table)
     if kinds is not None:
-        return [row_kinds.read_kinds(path, name, table, kinds, fmt)]
-    return [wide_run(path, fmt, name, table)]
+        return row_kinds.read_kinds(path, name, table, kinds, fmt)
+    return wide_run(path, fmt, name, table)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -27,6 +28,7 @@ from sorl_monitor.logs.table import (
     LogFormatError,
     foreign_run,
     one_row_per_step,
+    split_runs,
     step_column,
 )
 
@@ -127,8 +129,24 @@ def merge_kinds(table: pa.Table, kinds: str) -> tuple[pa.Table, str, list[str]]:
     return merged, step, [str(label) for label in order]
 
 
-def read_kinds(path: Path, name: str, table: pa.Table, kinds: str, fmt: str = "jsonl") -> ForeignRun:
-    """The run in a JSON-lines table whose rows are of several kinds (module docstring)."""
+def read_kinds(path: Path, name: str, table: pa.Table, kinds: str, fmt: str = "jsonl") -> list[ForeignRun]:
+    """The runs in a JSON-lines table whose rows are of several kinds (module docstring); a restart in the
+    file (its step going back) starts a run of its own (``table.split_runs``)."""
+    training = table.filter(pa.array([not is_eval(label) for label in table.column(kinds).to_pylist()]))
+    axis = training.column(_step_axis(training))
+    steps = (
+        axis.cast(pa.float64()).fill_null(np.nan).to_numpy()
+        if pa.types.is_integer(axis.type) or pa.types.is_floating(axis.type)
+        else np.zeros(training.num_rows)
+    )
+    runs = []
+    for part, rows in split_runs(path, name, steps):
+        piece = training if len(rows) == training.num_rows else training.take(pa.array(rows))
+        runs.append(_kinds_run(path, part, piece, kinds, fmt))
+    return runs
+
+
+def _kinds_run(path: Path, name: str, table: pa.Table, kinds: str, fmt: str) -> ForeignRun:
     merged, step, kept = merge_kinds(table, kinds)
     wall = next((c for c in WALL_TIME_COLUMNS if c in merged.column_names and _numeric(merged, c)), None)
     if wall is not None and wall != "wall_time":

@@ -8,7 +8,7 @@ from typing import Any
 
 from sorl_monitor.logs import jsonl
 from sorl_monitor.logs.guards import json_loads
-from sorl_monitor.logs.table import ForeignRun, LogFormatError, foreign_run, one_row_per_step
+from sorl_monitor.logs.table import ForeignRun, LogFormatError, segmented_runs
 from sorl_monitor.schema import metric_column
 
 
@@ -42,13 +42,4 @@ def read(path: Path, name: str) -> list[ForeignRun]:
     metrics = [c for c in table.column_names if c.startswith(DATA)]
     names = [metric_column(c[len(DATA) :]) if c == f"{DATA}step" else c[len(DATA) :] for c in metrics]
     table = table.select(["step", *metrics]).rename_columns(["step", *names])
-    return [
-        foreign_run(
-            path,
-            "verl",
-            name,
-            one_row_per_step(table, "step", path),
-            info={"algorithm": "verl"},
-            family="verl",
-        )
-    ]
+    return segmented_runs(path, "verl", name, table, "step", info={"algorithm": "verl"}, family="verl")

@@ -68,9 +68,9 @@ def offline_files(folder: Path) -> list[Path]:
 def read(path: Path, name: str) -> list[ForeignRun]:
     """The runs of a W&B export, history dump or offline run (folder or ``.wandb`` file)."""
     if path.is_dir():
-        return [_offline(file, _offline_name(file)) for file in offline_files(path)]
+        return [run for file in offline_files(path) for run in _offline(file, _offline_name(file))]
     if path.suffix == OFFLINE_SUFFIX:
-        return [_offline(path, name)]
+        return _offline(path, name)
     start = head(path)
     kind = text_kind(start)
     if kind == "jsonl" and is_columns_layout(first_json_line(start)):
@@ -82,7 +82,7 @@ def read(path: Path, name: str) -> list[ForeignRun]:
     if kind == "jsonl":
         return jsonl.read(path, name, "wandb")
     if kind == "json":
-        return [wide_run(path, "wandb", name, _json_history(path))]
+        return wide_run(path, "wandb", name, _json_history(path))
     raise LogFormatError(f"{path} is not a W&B CSV export, history dump or offline run")
 
 
@@ -130,7 +130,7 @@ def _offline_name(file: Path) -> str:
     return run_name(file.stem.removeprefix("run-"))
 
 
-def _offline(file: Path, name: str) -> ForeignRun:
+def _offline(file: Path, name: str) -> list[ForeignRun]:
     """The history rows of one ``.wandb`` record file, read with wandb's own reader."""
     try:
         from wandb.proto import wandb_internal_pb2
