@@ -54,6 +54,7 @@ STEP_METRICS = [
     "value_mean", "value_std", "value_min", "value_max", "vf_clip_frac",
     "return_mean", "return_std", "return_min", "return_max",
     "reward_mean", "reward_std", "reward_min", "reward_max", "group_reward_std", "zero_std_group_frac",
+    "reward_optimized_mean",
     # lengths and data health
     "response_len_mean", "response_len_max", "turns_mean", "n_tokens", "nonfinite_count",
     # whole completions as other trainers count them (tool / environment tokens included)

@@ -16,8 +16,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sorl_monitor.logs import csvlog, hf, hf_console, jsonl, mlflow, tensorboard, verl, verl_console, wandb
+from sorl_monitor.logs import (
+    csvlog,
+    hf,
+    hf_console,
+    jsonl,
+    kv_console,
+    mlflow,
+    tensorboard,
+    verl,
+    verl_console,
+    wandb,
+)
 from sorl_monitor.logs.detect import detect_file, detect_folder, is_run_dir
+from sorl_monitor.logs.judged import JUDGED, judge
 from sorl_monitor.logs.options import LogOptions, apply_names, source_column
 from sorl_monitor.logs.table import ForeignRun, LogFormatError, LogWarning, run_name, unique_ids
 from sorl_monitor.names import OLDER_NAMES
@@ -33,6 +45,7 @@ FORMATS = (
     "verl",
     "verl-console",
     "hf-console",
+    "console",
 )
 """Format names, as ``--format`` takes them (``sorl``: this project's own Parquet runs)."""
 FOREIGN_FORMATS = FORMATS[1:]
@@ -49,6 +62,7 @@ READERS: dict[str, Callable[[Path, str], list[ForeignRun]]] = {
     "verl": verl.read,
     "verl-console": verl_console.read,
     "hf-console": hf_console.read,
+    "console": kv_console.read,
 }
 
 __all__ = [
@@ -175,14 +189,16 @@ def read_source(source: LogSource, options: LogOptions | None = None) -> list[Fo
         raise
     except (OSError, ValueError, KeyError) as error:
         raise LogFormatError(f"cannot read {source.path} as {source.format}: {error}") from None
+    mapped_reward = dict(options.names).get(JUDGED)
     for run in runs:
         older = OLDER_NAMES.get(run.family or "", {})
         present = set(run.steps.column_names)
         try:
             apply_names(run, [(column, name) for name, column in older.items() if column not in present])
-            apply_names(run, options.names)
+            found = apply_names(run, options.names)
         except ValueError as error:
             raise LogFormatError(f"{source.path}: {error}") from None
+        judge(run, mapped_reward if mapped_reward in found else None)
     return runs
 
 

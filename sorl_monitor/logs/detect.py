@@ -12,7 +12,9 @@ Files, in this order:
 - ``verl-console``: a text file with a line of verl's console metrics (``step:N - name:value - …``) in its
   first MiB;
 - ``hf-console``: a text file with a line that is a printed ``Trainer`` log dict (``{'loss': …, 'epoch': …}``,
-  alone on its line or after a ``(pid=…)`` prefix) in its first MiB.
+  alone on its line or after a ``(pid=…)`` prefix) in its first MiB;
+- ``console``: a ``.log``/``.txt``/``.out`` file (or one without a suffix) with at least three counted steps
+  (``step 5``, ``Iteration: 12``, ``(40/500)``) holding ``name: number`` pairs in its first MiB (``kv_console``).
 
 Folders: ``sorl`` (a run folder with ``run.json`` or ``<table>/rank=R``, or a folder of them), ``hf`` (an
 output folder with ``trainer_state.json`` or ``checkpoint-*/trainer_state.json``), ``mlflow`` (a store,
@@ -26,7 +28,7 @@ import json
 import struct
 from pathlib import Path
 
-from sorl_monitor.logs import hf, hf_console, mlflow, row_kinds, tensorboard, verl_console, wandb
+from sorl_monitor.logs import hf, hf_console, kv_console, mlflow, row_kinds, tensorboard, verl_console, wandb
 from sorl_monitor.logs.guards import json_loads
 from sorl_monitor.logs.sniff import HEAD_BYTES, csv_header, first_json_line, first_list_item, head, text_kind
 from sorl_monitor.logs.table import step_column
@@ -72,6 +74,8 @@ def detect_file(path: Path) -> str | None:
         return "verl-console"
     if hf_console.looks_like(path):
         return "hf-console"
+    if kv_console.looks_like(path):
+        return "console"
     return None
 
 

@@ -24,8 +24,8 @@ from sorl_monitor.schema import metric_column
 
 STEP_LINE = re.compile(r"(?<![\w/.-])step:(\d+)( - \S.*)$")
 """``step:N - …`` anywhere in a line (not ``global_step:N``), up to the line's end."""
-VALIDATION_PREFIXES = ("val-", "val/")
-"""verl's validation metrics (``val-core/…``, ``val-aux/…``; ``val/…`` before): a line of nothing else is an
+VALIDATION_PREFIXES = ("val-", "val/", "test_score/")
+"""verl's validation metrics (``val-core/…``, ``val-aux/…``; ``val/…`` and ``test_score/…`` before): a line of nothing else is an
 evaluation (``val_before_train`` prints one at step 0), not a training step, and is left out."""
 _NUMBER = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|inf)|True|False"
 _VALUE = rf"(?:(?:np|numpy|torch)\.\w+\(|tensor\()?\s*({_NUMBER})\s*(?:,[^)]*)?\)?"
@@ -111,6 +111,9 @@ def read(path: Path, name: str) -> list[ForeignRun]:
                 continue
             if step >= 2**63:
                 huge.append(number)
+                continue
+            if lines and lines[-1][1] == step and not lines[-1][2].keys() & metrics.keys():
+                lines[-1][2].update(metrics)  # one step printed over two lines
                 continue
             lines.append((number, step, metrics))
     _drop_cut_cells(path, lines)

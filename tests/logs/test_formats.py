@@ -53,7 +53,9 @@ def test_mlflow_file_store_written_by_mlflows_client(tmp_path, monkeypatch):
     store = mlflow_store(tmp_path / "mlruns", monkeypatch)
     (run,) = read_log(store)
     assert (run.run_id, run.format, run.info["algorithm"]) == ("grpo-seed-0", "mlflow", "grpo")
-    assert run.info["config"] == {"algorithm": "grpo", "lr": "1e-06"}
+    assert run.info["config"] == {
+        "algorithm": "grpo", "lr": "1e-06", "judged": {"column": "reward", "why": "the reward, by the trainer's name table"}
+    }  # fmt: skip
     expected = {step: dict(metrics) for step, metrics in TRL_STEPS.items()}
     expected[1]["perf/tokens_per_s"] = 1000.0
     assert_same_steps(run, parquet_steps(tmp_path / "ref", expected))
