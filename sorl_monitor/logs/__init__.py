@@ -20,6 +20,7 @@ from sorl_monitor.logs import (
     csvlog,
     hf,
     hf_console,
+    json_steps,
     jsonl,
     kv_console,
     mlflow,
@@ -46,6 +47,7 @@ FORMATS = (
     "verl-console",
     "hf-console",
     "console",
+    "json",
 )
 """Format names, as ``--format`` takes them (``sorl``: this project's own Parquet runs)."""
 FOREIGN_FORMATS = FORMATS[1:]
@@ -63,6 +65,7 @@ READERS: dict[str, Callable[[Path, str], list[ForeignRun]]] = {
     "verl-console": verl_console.read,
     "hf-console": hf_console.read,
     "console": kv_console.read,
+    "json": json_steps.read,
 }
 
 __all__ = [

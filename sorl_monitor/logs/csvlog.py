@@ -9,10 +9,11 @@ import io
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from sorl_monitor.logs.sniff import complete_lines, csv_header
-from sorl_monitor.logs.table import ForeignRun, LogFormatError, wide_run
+from sorl_monitor.logs.table import ForeignRun, LogFormatError, run_name, step_column, wide_run
 
 CONVERT = pacsv.ConvertOptions(null_values=[""], strings_can_be_null=True)
 
@@ -29,6 +30,39 @@ def read_table(path: Path) -> pa.Table:
         raise LogFormatError(f"cannot read {path} as CSV: {str(error).splitlines()[0]}") from None
 
 
+def run_columns(names: list[str]) -> dict[str, str] | None:
+    """``{run: column}`` when every column but the step is ``<run>-<metric>`` with one metric shared by two or
+    more runs (one chart of several runs, exported), else ``None``; the metric is ``metric_of``'s."""
+    step = step_column(names)
+    others = [c for c in names if c != step]
+    if step is None or len(others) < 2:
+        return None
+    first = others[0]
+    for at in (i for i, ch in enumerate(first) if ch == "-"):
+        tail = first[at:]
+        prefixes = [c[: -len(tail)] for c in others if c.endswith(tail)]
+        if len(prefixes) == len(others) and all(prefixes) and len(set(prefixes)) == len(prefixes):
+            return {prefix: column for prefix, column in zip(prefixes, others, strict=True)}
+    return None
+
+
+def metric_of(column: str, run: str) -> str:
+    """``critic/score/mean`` of ``<run>-critic/score/mean_step`` (W&B's x-axis suffix dropped)."""
+    metric = column[len(run) + 1 :]
+    return metric.removesuffix("_step") if "/" in metric else metric
+
+
 def read(path: Path, name: str, fmt: str = "csv") -> list[ForeignRun]:
-    """The run in a CSV file."""
-    return wide_run(path, fmt, name, read_table(path))
+    """The run in a CSV file; one run per ``<run>-<metric>`` column where each column is one run's
+    (``run_columns``)."""
+    table = read_table(path)
+    runs = run_columns(table.column_names)
+    if runs is None:
+        return wide_run(path, fmt, name, table)
+    step = step_column(table.column_names)
+    out = []
+    for run, column in runs.items():
+        part = table.select([step, column]).rename_columns([step, metric_of(column, run)])
+        part = part.filter(pc.is_valid(part.column(1)))
+        out.extend(wide_run(path, fmt, run_name(run), part))
+    return out

@@ -7,6 +7,7 @@ Files, in this order:
 - ``hf``: a JSON object with ``log_history``, or a JSON list whose first element is a dict with ``step``;
 - ``verl``: JSON lines whose first line is ``{"step": N, "data": {...}}``;
 - ``jsonl``: JSON lines whose first object has a step column (``table.STEP_COLUMNS``);
+- ``json``: a JSON object holding a list of records with a step column (``json_steps``);
 - ``csv``: a CSV whose header has a step column;
 - ``jsonl`` again: JSON lines of row kinds whose first row has no step (a ``config`` row) but a later one does;
 - ``verl-console``: a text file with a line of verl's console metrics (``step:N - name:value - …``) in its
@@ -28,7 +29,17 @@ import json
 import struct
 from pathlib import Path
 
-from sorl_monitor.logs import hf, hf_console, kv_console, mlflow, row_kinds, tensorboard, verl_console, wandb
+from sorl_monitor.logs import (
+    hf,
+    hf_console,
+    json_steps,
+    kv_console,
+    mlflow,
+    row_kinds,
+    tensorboard,
+    verl_console,
+    wandb,
+)
 from sorl_monitor.logs.guards import json_loads
 from sorl_monitor.logs.sniff import HEAD_BYTES, csv_header, first_json_line, first_list_item, head, text_kind
 from sorl_monitor.logs.table import step_column
@@ -130,6 +141,8 @@ def _json_document_format(path: Path, start: bytes) -> str | None:
     if isinstance(document, dict):
         if "log_history" in document:
             return "hf"
+        if json_steps.step_records(document) is not None:
+            return "json"
         if wandb.is_history(document.keys()) and all(isinstance(v, dict) for v in document.values()):
             return "wandb"
     return None

@@ -37,7 +37,7 @@ REWARD_WORDS = frozenset({"reward", "rewards", "return"})
 NOT_A_MEAN = frozenset(
     {"std", "min", "max", "var", "variance", "count", "num", "frac", "zero", "format", "fmt", "len", "length",
      "time", "kl", "loss", "lr", "penalty", "advantage", "advantages", "adv", "ratio", "change", "diff",
-     "difference", "delta", "initial", "baseline", "critic", "value", "values", "clip", "p10", "p50", "p90",
+     "difference", "delta", "initial", "baseline", "value", "values", "clip", "p10", "p50", "p90",
      "median", "stderr", "sem", "weight", "coef", "scale", "fn_std", "magnitude", "tokens"}
 )  # fmt: skip
 MEAN_WORDS = frozenset({"mean", "avg", "average", "total", "overall", "all"})

@@ -35,12 +35,16 @@ WORD_COUNTER = re.compile(
 )
 EPOCH_COUNTER = re.compile(r"(?<![\w-])epoch\b\s*[:=#]?\s*[\[(]?\s*(\d+)(?:\s*/\s*(\d+))?\s*[\])]?", re.I)
 FRACTION = re.compile(r"[\[(]\s*(\d+)\s*/\s*(\d+)\s*[\])]")
+LEAD_FRACTION = re.compile(r"^\s*(?:\[[^\]]*\]\s*)?(\d+)\s*/\s*(\d+)\s*[|,:]")
+"""A line that starts with its count, ``  12/50 | loss=…`` (after a ``[run]`` tag)."""
+TABLE_ROW = re.compile(r"^\s*\|\s*([A-Za-z][^|]{0,40}?)\s*\|\s*([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+))\b")
+"""A Markdown table row ``| Accuracy Mean | 0.750 ± 0.433 |``: its first two cells as a name and a number."""
 _NUMBER = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|inf)"
 _WORD = r"[A-Za-z][A-Za-z_/.@\-]*\d*"
 PAIR = re.compile(rf"(?<![\w.])({_WORD}(?: {_WORD}){{0,2}})\s*[:=]\s*({_NUMBER})(?=[\s,;|)%\]]|$)")
 """``name: number`` or ``name=number``; a name is up to three words of letters (digits only at a word's end)."""
 COUNTER_NAMES = frozenset({"step", "iteration", "iter", "update", "episode", "batch", "round", "epoch"})
-LOG_SUFFIXES = frozenset({".log", ".txt", ".out", ".err", ""})
+LOG_SUFFIXES = frozenset({".log", ".txt", ".out", ".err", ".md", ""})
 """A file read as such a console by its content only when its name looks like a captured console."""
 MIN_STEPS = 3
 """Detection: at least this many counted steps with a metric each in the first MiB."""
@@ -49,7 +53,10 @@ MIN_STEPS = 3
 def counters(line: str) -> list[tuple[str, int]]:
     """The ``(kind, step)`` counters of a line by the module's rules: a word counter's kind is its word, a
     bracketed count's ``(i/N)``, an epoch's ``epoch``."""
-    found = [(word.group(1).lower(), int(word.group(2))) for word in WORD_COUNTER.finditer(line)]
+    found = [(_word_kind(word), int(word.group(2))) for word in WORD_COUNTER.finditer(line)]
+    lead = LEAD_FRACTION.match(line)
+    if lead is not None:
+        found.append(("i/N", int(lead.group(1))))
     epoch = EPOCH_COUNTER.search(line)
     rest = line[epoch.end() :] if epoch is not None else line
     fraction = FRACTION.search(rest)
@@ -64,18 +71,46 @@ def counters(line: str) -> list[tuple[str, int]]:
     return found
 
 
+PROSE_WORDS = 6
+"""A line with more words than this and no metric is prose (``Step 1: Identify the key information…`` in a
+printed completion): its counter is not read."""
+_WORDS = re.compile(r"[A-Za-z]{2,}")
+
+
+def line_counters(line: str) -> list[tuple[str, int]]:
+    """``counters`` of a line that is not prose (``PROSE_WORDS``)."""
+    found = counters(line)
+    if found and len(_WORDS.findall(line)) > PROSE_WORDS and not pairs(line):
+        return []
+    return found
+
+
+def _word_kind(word: re.Match) -> str:
+    """``step`` for ``Step 3``, ``step/N`` for ``Step: 3/43``: two counters a log may print side by side."""
+    return word.group(1).lower() + ("/N" if "/" in word.group(0) else "")
+
+
 def main_counter(lines: list[str]) -> str | None:
-    """The kind of counter that numbers the loop: the one with the most distinct values (a ``Micro-update 1/1``
-    or a ``warmup: step 2/20`` inside each step counts less than the step itself)."""
-    values: dict[str, set[int]] = {}
+    """The kind of counter that numbers the loop: the one with the most distinct values, less the times it goes
+    back (a ``Micro-update 1/1`` inside each step, or ``Step 1: …`` in a printed completion, counts less than the
+    loop's own ``Step: 3/43``); a tie goes to the one printed first."""
+    seen: dict[str, list[int]] = {}
     for line in lines:
-        for kind, step in counters(line):
-            values.setdefault(kind, set()).add(step)
-    return max(values, key=lambda kind: len(values[kind]), default=None)
+        for kind, step in line_counters(line):
+            seen.setdefault(kind, []).append(step)
+
+    def score(kind: str) -> int:
+        values = seen[kind]
+        return len(set(values)) - sum(b < a for a, b in zip(values, values[1:], strict=False))
+
+    return max(seen, key=score, default=None)
 
 
 def pairs(line: str) -> list[tuple[str, float]]:
-    """The ``name: number`` pairs of a line, counter words left out."""
+    """The ``name: number`` pairs of a line (or a Markdown table row's first two cells), counter words left out."""
+    row = TABLE_ROW.match(line)
+    if row is not None:
+        return [(row.group(1).strip(), float(row.group(2)))]
     out = []
     for name, raw in PAIR.findall(line):
         name = name.strip()
@@ -85,18 +120,39 @@ def pairs(line: str) -> list[tuple[str, float]]:
 
 
 def blocks(lines: list[str]) -> list[tuple[int, int, dict[str, float]]]:
-    """``(line number, step, {name: mean value})`` of each block, in the log's order (``main_counter``'s)."""
+    """``(line number, step, {name: mean value})`` of each block, in the log's order (``main_counter``'s;
+    a stray mention of it that leaves the sequence and comes straight back, ``strays``, is not a counter)."""
     kind = main_counter(lines)
+    at = {}
+    if kind is not None:
+        for i, line in enumerate(lines):
+            step = next((value for k, value in line_counters(line) if k == kind), None)
+            if step is not None:
+                at[i] = step
+    stray = strays(list(at.values()))
+    at = {i: step for (i, step), bad in zip(at.items(), stray, strict=True) if not bad}
     out: list[tuple[int, int, dict[str, list[float]]]] = []
-    for number, line in enumerate(lines, 1):
-        step = next((value for k, value in counters(line) if k == kind), None) if kind else None
+    for i, line in enumerate(lines):
+        step = at.get(i)
         found = pairs(line)
         if step is not None and (not out or out[-1][1] != step or found and _repeats(out[-1][2], found)):
-            out.append((number, step, {}))
+            out.append((i + 1, step, {}))
         if out and found:
             for name, value in found:
                 out[-1][2].setdefault(name, []).append(value)
     return [(n, s, {k: float(np.mean(v)) for k, v in m.items()}) for n, s, m in out if m]
+
+
+def strays(steps: list[int]) -> list[bool]:
+    """Counter values that leave the sequence for one mention and come straight back (a ``step 5`` in a printed
+    completion): below the one before while the next is back at or above it, or above the next one while the
+    next one continues from the one before."""
+    bad = [False] * len(steps)
+    for k in range(1, len(steps) - 1):
+        before, value, after = steps[k - 1], steps[k], steps[k + 1]
+        if (value < before <= after) or (value > after >= before and value != before):
+            bad[k] = True
+    return bad
 
 
 def _repeats(block: dict[str, list[float]], found: list[tuple[str, float]]) -> bool:

@@ -35,10 +35,12 @@ STEP_COLUMNS = (
     "iteration",
     "iter",
     "optimizer_step",
+    "current_steps",
 )
 """Step columns of flat logs, in the order they are looked for (the first one present is the step).
 ``train/global_step`` comes before W&B's own ``_step`` (a counter of ``wandb.log`` calls, not of updates);
-``grpo_step`` (hand-written GRPO loops: the rollout batch's index) before ``optimizer_step``."""
+``grpo_step`` (hand-written GRPO loops: the rollout batch's index) before ``optimizer_step``; ``current_steps``:
+LLaMA-Factory's ``trainer_log.jsonl``."""
 WALL_TIME_COLUMNS = ("wall_time", "_timestamp", "timestamp")
 """Columns read as the row's wall time (Unix seconds) when numeric, in this order."""
 DROPPED_COLUMNS = frozenset({"_step", "_timestamp", "", "Unnamed: 0"})
