@@ -47,8 +47,9 @@ from sorl_monitor.run_info import (
 )
 from sorl_monitor.schema import KEYS, RUN_FILE, SEVERITIES, check_run_id, column_name, metric_column
 from sorl_monitor.settings import check_setting
-from sorl_monitor.storage import RunUploader, UploadStats, is_remote, staging_dir
+from sorl_monitor.storage import StorageError, is_remote
 from sorl_monitor.transfer import start_copy
+from sorl_monitor.uploader import RunUploader, UploadStats, staging_dir
 from sorl_monitor.warn import MonitorWarning, WarnOnce, warn
 from sorl_monitor.writer import ParquetStreamWriter, WriterConfig, WriterStats
 
@@ -149,16 +150,21 @@ class Monitor:
         self.world_size = dist_world if world_size is None else world_size
         run_id = check_run_id(run_name) if run_name is not None else new_run_id(algorithm)
         self.run_id = shared_run_id(run_id, self.world_size)
+        self._warn_once = WarnOnce()
         self._uploader: RunUploader | None = None
-        if is_remote(log_dir) and enabled:  # parts are staged here and copied up by a thread (storage.py)
-            self._uploader = RunUploader(
-                os.fspath(log_dir),
-                self.run_id,
-                self.rank,
-                staging_dir(os.fspath(log_dir), self.rank) / self.run_id,
-                interval_s=writer.flush_interval_s,
-                storage_options=writer.storage_options,
-            )
+        if is_remote(log_dir) and enabled:  # parts are staged here and copied up by a thread (uploader.py)
+            try:
+                self._uploader = RunUploader(
+                    os.fspath(log_dir),
+                    self.run_id,
+                    self.rank,
+                    staging_dir(os.fspath(log_dir), self.rank) / self.run_id,
+                    interval_s=writer.flush_interval_s,
+                    storage_options=writer.storage_options,
+                    report=self._warn_once,
+                )
+            except StorageError as error:  # a URI or option that cannot work: a bad setting
+                raise ValueError(str(error)) from None
             log_dir = self._uploader.staging.parent
         self.log_dir = Path(log_dir)
         self.run_dir = self.log_dir / self.run_id
@@ -173,7 +179,6 @@ class Monitor:
         self._last_scalars: dict[str, float] = {}  # of the newest update whose row is assembled
         self._step = -1
         self._errors = 0
-        self._warn_once = WarnOnce()
         self._dropped_reported = 0
         self.trainer_family: str | None = None  # the family log_scalars(names="auto") maps with
         fields = run_fields(
@@ -187,9 +192,7 @@ class Monitor:
             self._info = RunFile(self.run_dir / RUN_FILE, fields, writes=False)
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        remote_refused = ""
-        if self._uploader is not None and not self._uploader.acquire():
-            remote_refused = self._uploader.refused
+        remote_refused = "" if self._uploader is None else self._uploader.start()
         self._writer = ParquetStreamWriter(
             self.run_dir,
             self.rank,
@@ -199,8 +202,6 @@ class Monitor:
             compact_parts=writer.compact_parts,
             refused=remote_refused,
         )
-        if self._uploader is not None and not remote_refused:
-            self._uploader.start()
         if self._writer.refused:  # a second monitor on this run and rank: never let it overwrite the first
             self._warn_once(
                 "dropped",
@@ -493,18 +494,33 @@ class Monitor:
                 )
         self.update_run_info(status=status, finished_at=utc_now(), last_step=self._step)
         if self._uploader is not None:
-            self._uploader.close(timeout_s=5.0 if not compact else 30.0)
-            if self._uploader.stats.pending:
-                self._warn_once(
-                    "upload",
-                    f"sorl-monitor could not upload {self._uploader.stats.pending} files of {self.run_id} "
-                    f"({self._uploader.stats.last_error}); they are kept in {self.run_dir}",
-                    2,
-                )
+            self._close_uploader(self._uploader, timeout_s=5.0 if not compact else 30.0)
         if self.notifier is not None:
             if status != "finished":
                 self.notifier.send(f"[sorl] {self.run_id} ended {status} at step {self._step}")
             self.notifier.close()
+
+    def _close_uploader(self, uploader: RunUploader, timeout_s: float) -> None:
+        """Upload what is left; say where the rows are if some stay behind (by URI and staging folder)."""
+        uploader.close(timeout_s=timeout_s)
+        stats = uploader.stats
+        if stats.refused and not self._writer_refused():
+            self._warn_once(
+                "upload",
+                f"sorl-monitor did not upload {uploader.uri}: {stats.refused}; this writer's {stats.pending} "
+                f"files are kept apart in {self.run_dir}",
+                3,
+            )
+        elif stats.pending and not stats.refused:
+            self._warn_once(
+                "upload",
+                f"sorl-monitor could not upload {stats.pending} files to {uploader.uri} ({stats.last_error}); "
+                f"they are kept in {self.run_dir}",
+                3,
+            )
+
+    def _writer_refused(self) -> bool:
+        return self._writer is not None and bool(self._writer.refused)
 
     def __enter__(self) -> Monitor:
         return self

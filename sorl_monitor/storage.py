@@ -1,38 +1,25 @@
 """Object storage as a log dir: runs written to and read from ``s3://bucket/prefix`` (any ``pyarrow.fs`` URI).
 
-Writing (``Monitor("s3://bucket/runs")``): the writer streams parts to a local staging folder exactly as to
-a local log dir, and ``RunUploader`` copies each finished file to the store from a thread of its own:
-every part is one object, uploaded once and visible only when complete (a reader never sees half a part);
-a part merged away by compaction is deleted from the store only after the merged part is there; ``run.json``
-is copied whenever it changes. A store that is down never blocks training: the files wait in staging and go
-up when it answers again (failures are counted in ``stats()``).
-
-One writer per (run, rank) without ``flock``: a lease object ``<run>/_writers/rank=R.json`` names the
-writer and is renewed on every upload round. A writer that finds another writer's lease younger than
-``LEASE_S`` is refused (it writes nothing, as a refused local writer); after writing its own lease it
-reads it back once before writing anything else, so of two writers started together one is refused.
-(S3 has no compare-and-swap that ``pyarrow.fs`` exposes: two writers whose write and read-back interleave
-exactly can both pass; docs/fleet.md says so.)
+Writing (``Monitor("s3://bucket/runs")``) is ``uploader.RunUploader``'s: parts are staged locally, then copied
+up from a thread of its own, one writer per run and rank (a lease object in ``LEASE_FOLDER``).
 
 Reading (``open_runs("s3://bucket/runs")``): ``mirror_down`` copies the objects under the URI into a local
 cache (``SORL_CACHE_DIR``, default ``~/.cache/sorl-monitor/objects``), downloading only objects that are new
 or changed and removing files whose objects are gone; the query layer then reads the copy as a local
 folder, and ``refresh()`` mirrors again. DuckDB needs no extension (nothing is downloaded at run time).
+``remote_run_listings`` finds the runs under a prefix at any depth in one LIST.
 
-Credentials and endpoint: the usual AWS variables (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
-``AWS_SESSION_TOKEN``, ``AWS_REGION``/``AWS_DEFAULT_REGION``, ``AWS_ENDPOINT_URL``/``AWS_ENDPOINT_URL_S3``),
-or ``storage_options`` (``sorl --storage-option key=value``): ``endpoint_override``, ``scheme``,
-``access_key``, ``secret_key``, ``session_token``, ``region``, ``anonymous``.
+A URI names a bucket and a prefix: no ``.`` or ``..`` folder, no empty folder, no ``?`` or ``#`` (each is
+refused with ``StorageError``, never read as something else). Credentials and endpoint: the usual AWS
+variables (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_REGION``/
+``AWS_DEFAULT_REGION``, ``AWS_ENDPOINT_URL``/``AWS_ENDPOINT_URL_S3``), or ``storage_options`` (``sorl
+--storage-option key=value``), whose keys are ``STORAGE_OPTIONS``.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import socket
-import threading
-import time
-import uuid
+import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,13 +28,25 @@ from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
-LEASE_S = 60.0
-"""A writer's lease older than this is taken to be a dead writer's: another writer may take the rank."""
 LEASE_FOLDER = "_writers"
-SKIPPED_SUFFIXES = (".tmp", ".lock")
-"""Local files never uploaded: files being written, and the local writer's lock."""
-RUN_MARKERS = ("run.json", "steps", "turns", "modules", "alerts")
-"""What makes a folder in the store a run (``logs.detect.is_run_dir``'s rule, by name)."""
+"""Where a run's writers keep their leases (``uploader``); never mirrored."""
+RUN_FILE = "run.json"
+TABLE_FOLDERS = ("steps", "turns", "modules", "alerts")
+"""With ``RUN_FILE``, what makes a folder in the store a run (``logs.detect.is_run_dir``'s rule, by name)."""
+VERDICTS_OBJECT = "verdicts.parquet"
+"""The fleet's table at a root (``verdict_table.VERDICTS_FILE``): not a run."""
+STORAGE_OPTIONS = {
+    "endpoint_override": "host:port of an S3-compatible server",
+    "scheme": "http or https",
+    "access_key": "the key id",
+    "secret_key": "the secret",
+    "session_token": "a temporary session's token",
+    "region": "the bucket's region",
+    "anonymous": "true for a public bucket",
+    "connect_timeout": "seconds",
+    "request_timeout": "seconds",
+}
+"""The ``storage_options`` keys (``--storage-option key=value``) and what each takes."""
 _STORAGE_OPTIONS: dict[str, str] = {}
 """Process-wide defaults for ``storage_options`` (the CLI's ``--storage-option``)."""
 
@@ -74,35 +73,91 @@ def default_storage_options() -> dict[str, str]:
 
 
 def parse_storage_options(assignments: list[str] | None) -> dict[str, str]:
-    """``["endpoint_override=127.0.0.1:9000", …]`` → a dict; ``ValueError`` on an item without ``=``."""
+    """``["endpoint_override=127.0.0.1:9000", …]`` → a dict; ``ValueError`` on an item without ``=`` or a key
+    that is not one of ``STORAGE_OPTIONS``."""
     options = {}
     for item in assignments or []:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"--storage-option takes key=value, not {item!r}")
         options[key.strip()] = value.strip()
+    try:
+        check_storage_options(options)
+    except StorageError as error:
+        raise ValueError(str(error)) from None
     return options
 
 
-def filesystem(uri: str, storage_options: Mapping[str, str] | None = None) -> tuple[pafs.FileSystem, str]:
-    """The ``pyarrow.fs`` filesystem of ``uri`` and the path inside it (``bucket/prefix``, no slash at the end)."""
-    options = {**_STORAGE_OPTIONS, **(storage_options or {})}
+def check_storage_options(options: Mapping[str, Any]) -> None:
+    """``StorageError`` naming the first key that is not one of ``STORAGE_OPTIONS``, or a value it cannot take."""
+    for key, value in options.items():
+        if key not in STORAGE_OPTIONS:
+            known = ", ".join(STORAGE_OPTIONS)
+            raise StorageError(f"unknown storage option {key!r} (known: {known})")
+        if key == "scheme" and str(value) not in ("http", "https"):
+            raise StorageError(f"storage option scheme must be http or https, not {value!r}")
+        if key.endswith("_timeout") and not _positive(value):
+            raise StorageError(f"storage option {key} must be a number of seconds > 0, not {value!r}")
+
+
+def _positive(value: Any) -> bool:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return False
+    return 0 < number < float("inf")
+
+
+def check_uri(uri: str) -> str:
+    """``bucket/prefix`` of ``uri`` (no slash at the end), or ``StorageError`` where the URI is not a bucket and a
+    plain prefix: no bucket, a ``.`` / ``..`` / empty folder, a ``?`` or ``#`` (no part of it is dropped)."""
+    if "?" in uri or "#" in uri:
+        raise StorageError(
+            f"{uri}: an object-store URI takes no '?' or '#' (give the bucket and prefix only)"
+        )
     parsed = urlparse(uri)
-    path = (parsed.netloc + parsed.path).rstrip("/")
     if not parsed.netloc:
         raise StorageError(f"{uri}: no bucket in the URI")
+    inner = parsed.path.removeprefix("/").rstrip("/")
+    folders = inner.split("/") if inner else []
+    if bad := [f for f in folders if f in ("", ".", "..")]:
+        shown = "an empty folder (//)" if bad[0] == "" else f"a {bad[0]!r} folder"
+        raise StorageError(
+            f"{uri}: {shown} in an object-store prefix (object keys are not resolved like paths)"
+        )
+    return "/".join([parsed.netloc, *folders])
+
+
+def one_line(error: BaseException, *, short: bool = False) -> str:
+    """A store error in one line: its first line, without the request id; ``short``: from ``AWS Error`` on
+    (the key and bucket it names are said by the caller)."""
+    text = str(error).strip().splitlines()
+    line = re.sub(r"\s*\(Request ID: [^)]*\)", "", text[0] if text else type(error).__name__)
+    return line[line.index("AWS Error") :] if short and "AWS Error" in line else line
+
+
+def filesystem(
+    uri: str, storage_options: Mapping[str, str] | None = None, *, attempts: int = 3
+) -> tuple[pafs.FileSystem, str]:
+    """The ``pyarrow.fs`` filesystem of ``uri`` and the path inside it (``bucket/prefix``, no slash at the end);
+    ``StorageError`` for a URI ``check_uri`` refuses or an unknown option. ``attempts``: tries per S3 request
+    (a writer that tries again every round takes 1)."""
+    options = {**_STORAGE_OPTIONS, **(storage_options or {})}
+    path = check_uri(uri)
+    check_storage_options(options)
+    parsed = urlparse(uri)
     if parsed.scheme == "s3":
-        return _s3(options), path
+        return _s3(options, attempts), path
     if options:
         raise StorageError(f"{uri}: storage options are only read for s3:// URIs")
     try:
         fs, inner = pafs.FileSystem.from_uri(uri)
     except (pafs.ArrowInvalid, OSError, ValueError) as error:  # type: ignore[attr-defined]
-        raise StorageError(f"{uri}: {str(error).splitlines()[0]}") from None
+        raise StorageError(f"{uri}: {one_line(error)}") from None
     return fs, inner.rstrip("/")
 
 
-def _s3(options: Mapping[str, str]) -> pafs.S3FileSystem:
+def _s3(options: Mapping[str, str], attempts: int) -> pafs.S3FileSystem:
     env = os.environ
     endpoint = (
         options.get("endpoint_override") or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
@@ -118,11 +173,12 @@ def _s3(options: Mapping[str, str]) -> pafs.S3FileSystem:
         or env.get("AWS_REGION")
         or env.get("AWS_DEFAULT_REGION")
         or "us-east-1",
-        "allow_bucket_creation": True,
+        "allow_bucket_creation": False,
         "connect_timeout": float(options.get("connect_timeout", 5)),
         "request_timeout": float(options.get("request_timeout", 30)),
+        "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=attempts),
     }
-    if options.get("anonymous", "").lower() in ("1", "true", "yes"):
+    if str(options.get("anonymous", "")).lower() in ("1", "true", "yes"):
         kwargs["anonymous"] = True
     elif options.get("access_key") or options.get("secret_key"):
         kwargs["access_key"] = options.get("access_key")
@@ -131,7 +187,7 @@ def _s3(options: Mapping[str, str]) -> pafs.S3FileSystem:
     try:
         return pafs.S3FileSystem(**kwargs)
     except (ValueError, OSError) as error:
-        raise StorageError(f"s3: {str(error).splitlines()[0]}") from None
+        raise StorageError(f"s3: {one_line(error)}") from None
 
 
 def cache_root() -> Path:
@@ -142,8 +198,7 @@ def cache_root() -> Path:
 
 def local_copy(uri: str) -> Path:
     """The local folder ``mirror_down`` keeps ``uri``'s objects in."""
-    parsed = urlparse(uri)
-    return cache_root() / "objects" / parsed.scheme / parsed.netloc / parsed.path.strip("/")
+    return cache_root() / "objects" / urlparse(uri).scheme / check_uri(uri)
 
 
 # ---------------------------------------------------------------------------------------------- reading
@@ -179,7 +234,7 @@ def mirror_down(
             elif info.type == pafs.FileType.NotFound:
                 raise StorageError(f"no such bucket or prefix: {uri}")
     except OSError as error:
-        raise StorageError(f"{uri}: {str(error).splitlines()[0]}") from None
+        raise StorageError(f"{uri}: {one_line(error)}") from None
     _mirror_objects(fs, root, objects, uri, skip_folders, single=single, stale_ok=True)
     local = local_copy(uri)
     return local.parent / Path(root).name if single else local
@@ -245,7 +300,7 @@ def _download(fs: pafs.FileSystem, obj: pafs.FileInfo, target: Path, uri: str) -
         return False
     except OSError as error:
         tmp.unlink(missing_ok=True)
-        raise StorageError(f"{uri}: {str(error).splitlines()[0]}") from None
+        raise StorageError(f"{uri}: {one_line(error)}") from None
     os.replace(tmp, target)
     os.utime(target, (_mtime(obj), _mtime(obj)))
     return True
@@ -260,8 +315,8 @@ def _stamp(path: Path) -> float:
 
 
 def remote_runs(uri: str, storage_options: Mapping[str, str] | None = None) -> list[tuple[str, float]]:
-    """The runs and log files directly under ``uri`` in the store, as ``(uri, newest object's mtime)``: a run
-    is a folder holding ``run.json`` or a table folder (``steps/``, ``turns/``…); a file is a log."""
+    """The runs and log files under ``uri`` in the store (``remote_run_listings``), as ``(uri, newest object's
+    mtime)``."""
     return [(run.uri, run.mtime) for run in remote_run_listings(uri, storage_options)]
 
 
@@ -272,16 +327,31 @@ ListedObject = tuple[str, int, float]
 @dataclass(frozen=True)
 class RemoteRun:
     """A run (or log file) in the store, from one LIST of a prefix above it: its URI, its newest object's
-    mtime, and its objects (``mirror_down(listing=...)`` fetches them without listing again; empty for a
-    log that is one object)."""
+    mtime, its objects (``mirror_down(listing=...)`` fetches them without listing again; empty for a log
+    that is one object), and its path below the prefix listed (``exp1/run``; "" for the prefix itself)."""
 
     uri: str
     mtime: float
     objects: tuple[ListedObject, ...]
+    name: str = ""
+
+
+def run_prefix(parts: Sequence[str]) -> int | None:
+    """How many leading folders of an object key (split at ``/``) name the run holding it: the first folder
+    followed by ``run.json`` or by a table folder with ``rank=R`` partitions (0: the prefix listed is itself a
+    run); ``None`` if no run holds it."""
+    for depth, part in enumerate(parts):
+        if part == RUN_FILE and depth == len(parts) - 1:
+            return depth
+        if part in TABLE_FOLDERS and depth + 2 < len(parts) and parts[depth + 1].startswith("rank="):
+            return depth
+    return None
 
 
 def remote_run_listings(uri: str, storage_options: Mapping[str, str] | None = None) -> list[RemoteRun]:
-    """``remote_runs`` with each run's objects: one LIST of ``uri`` for all of them."""
+    """The runs under ``uri``, at any depth (``exp1/run``, ``exp2/run``: how experiments are arranged), and
+    the log files directly under it, each with its objects: one LIST of ``uri`` for all of them. A folder
+    or file whose name starts with ``.`` is left out, and so is the fleet's ``verdicts.parquet``."""
     fs, root = filesystem(uri, storage_options)
     try:
         objects = [
@@ -289,183 +359,38 @@ def remote_run_listings(uri: str, storage_options: Mapping[str, str] | None = No
             if i.type == pafs.FileType.File
         ]  # fmt: skip
     except OSError as error:
-        raise StorageError(f"{uri}: {str(error).splitlines()[0]}") from None
-    newest: dict[str, float] = {}
-    is_run: dict[str, bool] = {}
-    listed: dict[str, list[ListedObject]] = {}
+        raise StorageError(f"{uri}: {one_line(error)}") from None
+    keyed = []
     for obj in objects:
-        head, _, rest = obj.path[len(root) :].lstrip("/").partition("/")
-        if not head or head.startswith(".") or head == "verdicts.parquet":
+        parts = obj.path[len(root) :].strip("/").split("/")
+        if parts[0] and not any(p.startswith(".") for p in parts):
+            keyed.append((parts, obj))
+    runs = {"/".join(parts[:depth]) for parts, _ in keyed if (depth := run_prefix(parts)) is not None}
+    newest: dict[str, float] = {}
+    listed: dict[str, list[ListedObject]] = {}
+    for parts, obj in keyed:
+        name = _holder(parts, runs)
+        if name is None and len(parts) == 1 and parts[0] != VERDICTS_OBJECT:
+            name = parts[0]  # a log file directly under the prefix
+        if name is None:
             continue
-        newest[head] = max(newest.get(head, 0.0), _mtime(obj))
-        second = rest.split("/", 1)[0]
-        is_run[head] = is_run.get(head, False) or not rest or second in RUN_MARKERS
-        if rest:
-            listed.setdefault(head, []).append((rest, obj.size, _mtime(obj)))
+        newest[name] = max(newest.get(name, 0.0), _mtime(obj))
+        rest = "/".join(parts[len(name.split("/")) if name else 0 :])
+        if rest and name in runs:
+            listed.setdefault(name, []).append((rest, obj.size, _mtime(obj)))
+    base = uri.rstrip("/")
     return [
-        RemoteRun(f"{uri.rstrip('/')}/{name}", newest[name], tuple(listed.get(name, ())))
+        RemoteRun(f"{base}/{name}" if name else base, newest[name], tuple(listed.get(name, ())), name)
         for name in sorted(newest)
-        if is_run[name]
     ]
 
 
-# ---------------------------------------------------------------------------------------------- writing
-@dataclass
-class UploadStats:
-    """What ``RunUploader`` did: objects uploaded and deleted, upload rounds that failed, the last error."""
-
-    uploaded: int = 0
-    deleted: int = 0
-    failed_rounds: int = 0
-    pending: int = 0
-    last_error: str = ""
-
-
-class RunUploader:
-    """Copies one rank's staged run folder to ``<uri>/<run_id>`` from a background thread (module docstring)."""
-
-    def __init__(
-        self,
-        uri: str,
-        run_id: str,
-        rank: int,
-        staging: Path,
-        *,
-        interval_s: float = 2.0,
-        storage_options: Mapping[str, str] | None = None,
-    ) -> None:
-        self.fs, base = filesystem(uri, storage_options)
-        self.remote_run = f"{base}/{run_id}"
-        self.run_id = run_id
-        self.rank = rank
-        self.staging = staging
-        self.interval_s = interval_s
-        self.writer_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.lease = f"{self.remote_run}/{LEASE_FOLDER}/rank={rank}.json"
-        self.stats = UploadStats()
-        self._uploaded: dict[str, tuple[int, int]] = {}
-        self._stop = threading.Event()
-        self._round_lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self.refused = ""
-        """Why this writer uploads nothing ("" when it does): another writer holds the lease of this rank."""
-
-    # ---- lease
-    def acquire(self) -> bool:
-        """Take this rank's lease (``refused`` says why not). A store that does not answer is not a refusal:
-        the lease is written on the first round that reaches it."""
-        try:
-            holder = self._read_lease()
-            if holder and holder["writer"] != self.writer_id and time.time() - holder["renewed"] < LEASE_S:
-                self.refused = f"run {self.run_id!r} rank {self.rank} is being written by {holder['writer']}"
-                return False
-            self._write_lease()
-            time.sleep(0.2)
-            holder = self._read_lease()
-            if holder and holder["writer"] != self.writer_id:
-                self.refused = f"run {self.run_id!r} rank {self.rank} is being written by {holder['writer']}"
-                return False
-        except OSError as error:
-            self._failed(error)
-        return True
-
-    def _read_lease(self) -> dict[str, Any] | None:
-        try:
-            with self.fs.open_input_stream(self.lease) as f:
-                return json.loads(f.read())
-        except FileNotFoundError:
-            return None
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return None
-
-    def _write_lease(self) -> None:
-        payload = {"writer": self.writer_id, "renewed": time.time(), "rank": self.rank}
-        with self.fs.open_output_stream(self.lease) as f:
-            f.write(json.dumps(payload).encode())
-
-    # ---- thread
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name=f"sorl-uploader-rank{self.rank}", daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.upload_round()
-
-    def close(self, timeout_s: float = 30.0) -> None:
-        """Stop the thread, then upload what is left, trying until ``timeout_s``; release the lease."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-        deadline = time.monotonic() + timeout_s
-        while not self.upload_round(final=True) and time.monotonic() < deadline:
-            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-        if not self.stats.pending:
-            try:
-                self.fs.delete_file(self.lease)
-            except OSError:
-                pass
-
-    def upload_round(self, final: bool = False) -> bool:
-        """Upload new and changed files, then delete the objects of files compacted away; True if all went up."""
-        if self.refused:
-            return True
-        with self._round_lock:
-            try:
-                local = self._local_files()
-                changed = [(rel, stamp) for rel, stamp in local.items() if self._uploaded.get(rel) != stamp]
-                parts_first = sorted(changed, key=lambda item: item[0].endswith(".json"))  # run.json last
-                for rel, stamp in parts_first:
-                    self._put(rel)
-                    self._uploaded[rel] = stamp
-                    self.stats.uploaded += 1
-                for rel in sorted(set(self._uploaded) - set(local)):  # merged into a part already uploaded
-                    try:
-                        self.fs.delete_file(f"{self.remote_run}/{rel}")
-                    except FileNotFoundError:
-                        pass
-                    del self._uploaded[rel]
-                    self.stats.deleted += 1
-                if not final:
-                    self._write_lease()
-                self.stats.pending = 0
-                return True
-            except OSError as error:
-                self._failed(error)
-                self.stats.pending = sum(
-                    1 for rel, s in self._local_files().items() if self._uploaded.get(rel) != s
-                )
-                return False
-
-    def _local_files(self) -> dict[str, tuple[int, int]]:
-        files = {}
-        for path in self.staging.rglob("*"):
-            if not path.is_file() or path.name.endswith(SKIPPED_SUFFIXES) or path.name.startswith("."):
-                continue
-            rel = path.relative_to(self.staging).as_posix()
-            if rel.endswith(".json") and self.rank != 0:
-                continue  # run.json is rank 0's
-            if "/" in rel and f"rank={self.rank}" not in rel.split("/"):
-                continue
-            try:
-                stat = path.stat()
-            except FileNotFoundError:
-                continue
-            files[rel] = (stat.st_size, stat.st_mtime_ns)
-        return files
-
-    def _put(self, rel: str) -> None:
-        data = (self.staging / rel).read_bytes()
-        with self.fs.open_output_stream(f"{self.remote_run}/{rel}") as sink:
-            sink.write(data)
-
-    def _failed(self, error: BaseException) -> None:
-        self.stats.failed_rounds += 1
-        self.stats.last_error = str(error).splitlines()[0] if str(error) else type(error).__name__
-
-
-def staging_dir(uri: str, rank: int) -> Path:
-    """A fresh local log dir for one writer's runs under ``uri`` before they go up (the run is a folder in it)."""
-    parsed = urlparse(uri)
-    name = f"rank{rank}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    return cache_root() / "staging" / parsed.scheme / parsed.netloc / parsed.path.strip("/") / name
+def _holder(parts: Sequence[str], runs: Collection[str]) -> str | None:
+    """The run among ``runs`` whose folder holds the object at ``parts`` (the outermost), or ``None``."""
+    if "" in runs:
+        return ""
+    for depth in range(1, len(parts)):
+        name = "/".join(parts[:depth])
+        if name in runs:
+            return name
+    return None
