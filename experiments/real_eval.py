@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 
+from sorl_monitor.detectors import DetectorConfig
 from sorl_monitor.logs import LogWarning
 from sorl_monitor.postmortem import postmortem
 from sorl_monitor.query import open_runs
@@ -146,7 +147,24 @@ def run_id_for(runs, case: Case) -> str | None:
     return matches[0] if len(matches) == 1 else None
 
 
-def judge(case: Case, path: Path) -> None:
+def labelled_cases(manifest: Path, shared: Path) -> list[Case]:
+    """The manifest's cases, then the shared files' (when the shared folder is there)."""
+    return manifest_cases(manifest) + (shared_cases(shared) if shared.is_dir() else [])
+
+
+def path_of(case: Case, manifest: Path, shared: Path) -> Path | None:
+    """Where a case's file is here, or ``None`` (with ``case.error`` saying so) when it is absent."""
+    if case.file.startswith("../shared/real_logs/"):
+        path = shared / case.file[len("../shared/real_logs/") :]
+    else:
+        path = manifest.parent / case.file
+    if not path.exists():
+        case.error = "absent (not committed: its licence does not allow a copy)"
+        return None
+    return path
+
+
+def judge(case: Case, path: Path, config: DetectorConfig | None = None) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", LogWarning)
         try:
@@ -159,7 +177,7 @@ def judge(case: Case, path: Path) -> None:
                         f"no run matches {case.run!r} (runs: {', '.join(sorted(runs.foreign))[:200]})"
                     )
                     return
-                verdict = postmortem(runs, run_id)
+                verdict = postmortem(runs, run_id, config)
                 case.status, case.first_critical = verdict.status, verdict.first_critical
                 case.judged = ((runs.foreign[run_id].info.get("config") or {}).get("judged") or {}).get(
                     "column"
@@ -170,7 +188,7 @@ def judge(case: Case, path: Path) -> None:
                     runs.views.show_parts(
                         "steps", tuple(runs.catalog.parts("steps")), list(runs.foreign.values())
                     )
-                    case.cut_status = postmortem(runs, run_id).status
+                    case.cut_status = postmortem(runs, run_id, config).status
         except Exception as error:  # noqa: BLE001 - a file that does not open is a result, not a crash
             case.error = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
 
@@ -229,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--manifest", type=Path, default=MANIFEST)
     parser.add_argument("--shared", type=Path, default=SHARED)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--set", action="append", default=[], help="a detector setting name=value (repeatable)"
+    )
     parser.add_argument(
         "--write-manifest", action="store_true", help="write MANIFEST.md from the manifest, then stop"
     )

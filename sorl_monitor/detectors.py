@@ -116,9 +116,11 @@ class DetectorConfig:
     ratio_tail_rise_critical: float = math.inf
     # ---- entropy_rise: entropy ÷ its quiet level; entropy_collapse: 1 − entropy ÷ its high level
     entropy_rise_warning: float = 3.0
-    entropy_rise_critical: float = 8.0
-    """Three doublings above the run's own low: a policy turning random (not fitted: the corpus has no
-    entropy-driven collapse; see docs/detectors.md for how this was chosen)."""
+    entropy_rise_critical: float = 16.0
+    """Four doublings above the run's own low. On the real dev set (experiments/real_fit.py) 8× alarmed two
+    healthy hand-written loops whose per-step entropy is noisy (14×, 12×); 16× alarms none and keeps the shared 9B
+    collapse (32×) flagged before its fall; no level there flags a collapse in time that the rest of the verdict
+    misses. The corpus has no entropy-driven collapse (docs/detectors.md)."""
     entropy_collapse_warning: float = 0.8
     entropy_collapse_critical: float = math.inf
     """A learning policy lowers its entropy; a collapse of it is a warning sign, not proof."""
@@ -139,6 +141,27 @@ class DetectorConfig:
     length_rise_critical: float = math.inf
     truncation_rise_warning: float = 3.0
     truncation_rise_critical: float = math.inf
+    # ---- length_collapse: 1 − response length ÷ its high level (answers shrinking to a few tokens)
+    length_collapse_warning: float = 0.7
+    length_collapse_critical: float = math.inf
+    """Off: fitted on the real dev set (experiments/real_fit.py), a tenth of the longest answer also alarmed a
+    healthy multiple-choice run whose answers shrank to its letter (it warns, and names the root cause)."""
+    # ---- reward_hacking: the score falls while the reward the trainer optimizes holds
+    reward_hacking_warning: float = 0.3
+    reward_hacking_critical: float = 0.5
+    """The score has lost half its scale above its floor while the optimized reward stays in the top quarter of
+    its range (kept by the real dev set's fit: no healthy run passes it there, docs/detectors.md)."""
+    hacking_reward_high: float = 0.75
+    """reward_hacking counts only while the optimized reward is at least this far up its range over the history."""
+    # ---- kl_runaway: KL to the reference accelerating while completions lengthen or hit the length limit
+    kl_runaway_warning: float = 3.0
+    kl_runaway_critical: float = math.inf
+    """Off: on the real dev set its one run with this pattern is healthy (KL spikes to 197 while completions grow
+    3×, ../shared/real_logs/more/samyakshrestha…), and it holds no diverging run to fit a level on. A level set
+    here makes the verdict ``diverging`` where it is critical at the log's end (docs/detectors.md)."""
+    runaway_truncation_rise: float = 2.0
+    runaway_length_rise: float = 1.5
+    """kl_runaway counts only while truncation is this many times its quiet level, or lengths this many times."""
     # ---- reward_drop: 1 − the block's mean reward ÷ its running peak
     reward_ma_steps: int = 32
     """reward_drop judges the reward's moving average over this many steps once blocks span ``smooth_steps`` (early
@@ -236,6 +259,10 @@ class Signal:
     columns: tuple[str, ...]
 
 
+OPTIONAL_SIGNALS = ("optimized",)
+"""Signals only some logs can carry (a task score beside the reward the trainer optimizes): a detector that reads
+one is not counted as lacking inputs where the log does not have it."""
+
 NONFINITE_COLUMNS = ("loss", "pg_loss", "grad_norm", "kl_old_k3", "ratio_max", "entropy")
 
 SIGNALS: dict[str, Signal] = {
@@ -254,6 +281,7 @@ SIGNALS: dict[str, Signal] = {
     "grad_log": Signal(_finite("ln(nullif(grad_norm, 0))"), ("grad_norm",)),
     "zero_std": Signal(_finite("zero_std_group_frac"), ("zero_std_group_frac",)),
     "reward": Signal(_finite("reward_mean"), ("reward_mean",)),
+    "optimized": Signal(_finite("reward_optimized_mean"), ("reward_optimized_mean",)),
     "reward_spread": Signal(_finite("reward_std"), ("reward_std",)),
     "length": Signal(
         _finite("coalesce(response_len_mean, completion_len_mean)"),
@@ -376,8 +404,16 @@ def _peak_fraction(series: str) -> str:
             f"THEN 1 - {series} / max({series}) OVER history END")  # fmt: skip
 
 
-BELOW_PEAK = "reward_s < $echo_below_peak * max(reward_s) OVER history"
-"""The reward is below its running peak: reward variance dying there is not a converged policy."""
+def floor_sql(series: str) -> str:
+    """SQL: the floor of ``series``'s scale over the history and this block: 0 for a series never negative, −1 for
+    one within [−1, 1] (a signed score), else its lowest value (as the collapse label's ``floors``)."""
+    low = f"least(min({series}) OVER history, {series})"
+    high = f"greatest(max({series}) OVER history, {series})"
+    return f"(CASE WHEN {low} >= 0 THEN 0 WHEN {low} >= -1 AND {high} <= 1 THEN -1 ELSE {low} END)"
+
+
+BELOW_PEAK = f"reward_s - {floor_sql('reward_s')} < $echo_below_peak * (max(reward_s) OVER history - {floor_sql('reward_s')})"
+"""The reward is below its running peak (above its floor): reward variance dying there is not a converged policy."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -517,12 +553,47 @@ _BASE_DETECTORS: tuple[Detector, ...] = (
         message="share of truncated completions %.3g× its quiet level (threshold %.3g×)",
     ),
     Detector(
+        name="length_collapse", family="length",
+        description="Answers shrinking: 1 − mean response (or completion) length ÷ its high level over the history,"
+        " while the reward is below echo_below_peak × its running peak (short answers that keep the score are a"
+        " policy learning to be brief, as on multiple-choice tasks).",
+        signals=("length", "reward"), value=f"CASE WHEN {BELOW_PEAK} THEN {_peak_fraction('length_s')} END",
+        message="responses fell to %3$.0f %% shorter than their longest (threshold %4$.0f %%)",
+    ),
+    Detector(
+        name="reward_hacking", family="reward",
+        description="The score the run is judged by (reward_mean) falls while the reward the trainer optimizes"
+        " (reward_optimized_mean) holds: the fall of the score's moving average (reward_ma_steps) from its running"
+        " peak, as a share of its scale above its floor, while the optimized reward is at least hacking_reward_high"
+        " up its range over the history.",
+        signals=("reward", "optimized"),
+        value=f"""CASE WHEN {KNOWN}
+                 AND optimized_s - min(optimized_s) OVER history
+                     >= $hacking_reward_high * (max(optimized_s) OVER history - min(optimized_s) OVER history)
+                 AND max(reward_ma) OVER history > {floor_sql('reward_ma')}
+                THEN (max(reward_ma) OVER history - reward_ma)
+                     / (max(reward_ma) OVER history - {floor_sql('reward_ma')}) END""",
+        message="the score fell by %3$.0f %% of its scale while the optimized reward held (threshold %4$.0f %%)",
+    ),
+    Detector(
+        name="kl_runaway", family="divergence",
+        description="KL to the reference ÷ its quiet level (floored at kl_floor), while truncation is"
+        " runaway_truncation_rise × its quiet level or the length runaway_length_rise × its own: the reference drift"
+        " of a run that is diverging, judged block by block (row by row early in a run).",
+        signals=("kl_to_ref", "truncation", "length"),
+        value=f"""CASE WHEN {_fold('truncation', '$truncation_floor')} >= $runaway_truncation_rise
+                      OR {_fold('length', '1')} >= $runaway_length_rise
+                 THEN {_fold('kl_to_ref', '$kl_floor')} END""",
+        message="KL to the reference %.3g× its quiet level as completions lengthen (threshold %.3g×)",
+    ),
+    Detector(
         name="reward_drop", family="reward",
         description="Reward drop: 1 − R̄ ÷ max R̄ over the history, R̄ the reward's moving average over"
         " reward_ma_steps steps (fewer early in a run, with its blocks).",
         signals=("reward",),
-        value=f"""CASE WHEN {KNOWN} AND max(reward_ma) OVER history > 0
-                THEN 1 - reward_ma / max(reward_ma) OVER history END""",
+        value=f"""CASE WHEN {KNOWN} AND max(reward_ma) OVER history > {floor_sql('reward_ma')}
+                THEN (max(reward_ma) OVER history - reward_ma)
+                     / (max(reward_ma) OVER history - {floor_sql('reward_ma')}) END""",
         message="reward moving average fell by %3$.0f %% of its running peak (threshold %4$.0f %%)",
     ),
     Detector(

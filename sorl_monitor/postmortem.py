@@ -9,7 +9,9 @@ reward moving average over ``collapse_ma_steps`` steps (fewer early in a run, wi
 ends below it at least ``collapse_min_tail_steps`` steps after the drop — or the loss turns non-finite: the
 label is *confirmed* there. The collapse step is where that fall *starts* (the moving average last left its
 ``peak_band``). Lead time = collapse step − the first critical alert of the alert streak that runs into the
-fall (no dip the run recovered from in between).
+fall (no dip the run recovered from in between). Shares of the peak are taken on the reward's own scale, above
+its floor: 0 for a reward that is never negative, −1 for one within [−1, 1] (a signed score), else the lowest
+value the run logged (``x − floor`` ÷ ``peak − floor``; never a ratio to a negative peak).
 
 The end of a log is evidence: a log that ends with its reward moving average below ``collapse_fraction`` of its
 peak, or an ``end_detectors`` critical alert in its last ``end_blocks`` blocks, is ``collapsing``; one that ends
@@ -21,10 +23,14 @@ Any other run is ``healthy``: no root cause, no remedy; what the detectors saw i
 collapse (or a collapsing log), the root cause comes from which detector family fired first in the streak,
 and evidence over the ``root_cause_steps`` steps before it (``steps`` and ``turns`` rows):
 
+* ``reward_hacking`` — the optimized reward held while the score fell (``reward_hacking`` fired);
+* ``answer_collapse`` — the answers shrank (``length_collapse`` fired) before any ratio or KL alert;
 * ``echo_trap`` — reward variance died (``echo_trap`` / ``reward_std_collapse``) before any ratio, KL,
   entropy or gradient alert;
 * ``entropy_blowup`` — entropy exploded (``entropy_rise``) before any ratio or KL alert: the policy turned
   random, with degenerate generations when completions grew or ran to the length limit;
+* ``entropy_collapse`` — the entropy fell (``entropy_collapse`` critical, or only the entropy family fired and
+  its fall came first) before any ratio or KL alert;
 * ``granularity_mismatch`` — token-level IS in a multi-turn run whose token-ratio tails are far
   wider than its turn ratios (token clip fraction ≥ ``mismatch_clip_ratio`` × turn clip fraction, or
   log-p99 tails ≥ ``mismatch_tail_ratio`` × as wide);
@@ -57,6 +63,7 @@ from sorl_monitor.detectors import (
     DIVERGING,
     DIVERGING_FAMILIES,
     OLD_NAMES,
+    OPTIONAL_SIGNALS,
     REUSE_COLUMNS,
     REUSED,
     SIGNALS,
@@ -96,9 +103,12 @@ class PostmortemConfig:
     peak_band: float = 0.1
     """The moving average is *at its peak* within this share of its running peak: a fall starts where it leaves
     this band for the last time before the collapse, and a dip ends where it comes back into it."""
-    end_detectors: tuple[str, ...] = ("entropy_rise", "nonfinite")
-    """Critical alerts of these in the log's last ``end_blocks`` blocks mean it ends in a blow-up (the policy
-    turning random, non-finite values); KL and length blowing up count through ``diverging``."""
+    end_detectors: tuple[str, ...] = (
+        "entropy_rise", "entropy_collapse", "length_collapse", "reward_hacking", "nonfinite"
+    )  # fmt: skip
+    """Critical alerts of these in the log's last ``end_blocks`` blocks mean it ends in a collapse under way (the
+    policy turning random or deterministic, answers shrinking to nothing, the score falling while the optimized
+    reward climbs, non-finite values); KL and length blowing up count through ``diverging``."""
     end_blocks: int = 2
     """The end of a log: its last this many blocks. A log whose reward moving average ends below
     ``collapse_fraction`` of its peak, or with an ``end_detectors`` critical alert in them, is ``collapsing`` (not yet a confirmed
@@ -178,11 +188,16 @@ blocks AS (
     FROM steps JOIN reuse USING (run_id) WHERE $run_id::VARCHAR IS NULL OR run_id = $run_id
     GROUP BY run_id, reused, block
 ),
+floors AS (  -- the scale's floor: 0 for a reward that is never negative, -1 for one in [-1, 1], else its lowest block
+    SELECT run_id, CASE WHEN min(reward) >= 0 THEN 0.0 WHEN min(reward) >= -1 AND max(reward) <= 1 THEN -1.0
+                        ELSE min(reward) END AS floor
+    FROM blocks GROUP BY run_id
+),
 smoothed AS (
-    SELECT run_id, reused, block, step, first_step, rows_logged,
-           avg(reward) OVER (PARTITION BY run_id ORDER BY block
-                             RANGE BETWEEN {ma_span} PRECEDING AND CURRENT ROW) AS reward_ma
-    FROM blocks
+    SELECT run_id, reused, block, step, first_step, rows_logged, floor,
+           avg(reward - floor) OVER (PARTITION BY run_id ORDER BY block
+                                     RANGE BETWEEN {ma_span} PRECEDING AND CURRENT ROW) AS reward_ma
+    FROM blocks JOIN floors USING (run_id)
 ),
 peaked AS (
     SELECT *, max(reward_ma) OVER (PARTITION BY run_id ORDER BY block ROWS UNBOUNDED PRECEDING) AS peak
@@ -215,7 +230,7 @@ held AS (
         RANGE BETWEEN $collapse_recovery_steps PRECEDING AND CURRENT ROW EXCLUDE CURRENT ROW)
 ),
 reward_collapse AS (
-    SELECT run_id, min(step) AS step, arg_min(peak, step) AS peak, arg_min(reward_ma, step) AS reward_ma,
+    SELECT run_id, min(step) AS step, arg_min(peak + floor, step) AS peak, arg_min(reward_ma + floor, step) AS reward_ma,
            arg_min(step + $collapse_recovery_steps > last_step, step) AS at_log_end
     FROM held
     WHERE below AND NOT recovers
@@ -292,7 +307,8 @@ every 5 steps gets the same label):
 * ``ends_collapsed`` (confirmed by the log's end, not by ``collapse_recovery_steps``), ``reward_peak``,
   ``reward_at_collapse``, ``deepest_dip`` (the lowest moving average ÷ running peak), ``deepest_dip_step``.
 
-Collapse columns are null for a run without one."""
+Shares and ratios are of the reward above its floor (module docstring: ``floors``); ``reward_peak`` and
+``reward_at_collapse`` are on the reward's own scale. Collapse columns are null for a run without one."""
 
 LABEL_BLOCK_COLUMNS = ", min(step) AS first_step, count(*) AS rows_logged, sum(reward) AS reward_sum, count(reward) AS reward_rows"
 """What the collapse label needs of each detector block besides its series (``reward`` is the finite
@@ -308,7 +324,7 @@ LABEL_BLOCKS = """WITH blocks AS (  -- COLLAPSE_SQL's blocks from the detectors'
     FROM {table} GROUP BY run_id, reused, block
 ),
 """
-LABEL_BLOCKS_END = "smoothed AS ("
+LABEL_BLOCKS_END = "floors AS ("
 """Where ``COLLAPSE_SQL``'s own block aggregation (``reuse``, ``blocks``) ends."""
 
 RUN_ROWS_OVER_BLOCKS = "SELECT coalesce(sum(reward_rows), 0) AS n, min(first_step) AS first_step FROM {table}"
@@ -427,6 +443,24 @@ CAUSES: dict[str, tuple[str, str]] = {
         "completion lengths says whether the generations degenerated)",
         "Lower the learning rate, keep a KL penalty to the reference policy (or raise it), lower the "
         "sampling temperature, and resume from a checkpoint before the entropy rose.",
+    ),
+    "reward_hacking": (
+        "reward hacking: the reward the trainer optimizes held or climbed while the score the run is for fell "
+        "(the policy found a way to earn the reward without doing the task)",
+        "Fix the reward so it cannot be earned without the task (tie it to the score, cap or drop the part that "
+        "climbs), keep a KL penalty to the reference policy, and resume from a checkpoint before the score fell.",
+    ),
+    "answer_collapse": (
+        "answer collapse: the responses shrank to a small share of their length before any ratio or KL alert "
+        "(the policy stopped answering: a few tokens, or the end-of-sequence token at once)",
+        "Check the reward for a shortcut that short answers earn (a format or length term), add a length floor "
+        "or penalty, keep an entropy bonus or KL to the reference, and resume from before the answers shrank.",
+    ),
+    "entropy_collapse": (
+        "entropy collapse: the policy's entropy fell to a small share of its level before any ratio or KL alert "
+        "(it stopped exploring; its groups then score alike)",
+        "Keep exploration: an entropy bonus, a higher sampling temperature or a higher upper clip (DAPO's "
+        "clip-higher), and a lower learning rate; resume from before the entropy fell.",
     ),
     "optimisation_blowup": (
         "optimisation blow-up: gradient-norm spikes, non-finite values or ratio / KL alerts without a "
@@ -677,17 +711,31 @@ def attribute(
     end: int,
     turn_level: bool,
     config: PostmortemConfig,
+    during: int | None = None,
 ) -> str:
-    """The root cause of a collapse at ``end`` (a key of ``CAUSES``) from the alerts and the evidence."""
+    """The root cause of a collapse at ``end`` (a key of ``CAUSES``) from the alerts and the evidence. Signs that
+    are the fall itself rather than its precursors (the score falling under a held reward, answers shrinking,
+    entropy dying) count up to ``during`` (where the collapse is confirmed; default ``end``)."""
     first = _first_of_family(summary, end)
+    during = end if during is None else max(end, during)
+    first_during = _first_of_family(summary, during)
 
     def before_all(family: str, others: tuple[str, ...]) -> bool:
         return family in first and all(first[family] < first.get(other, math.inf) for other in others)
 
-    if _first(summary, end, critical=True) is None and not first:
+    if _first(summary, during, critical=True) is None and not first_during:
         return "unexplained"
+    if _first(summary, during, ("reward_hacking",)) is not None:
+        return "reward_hacking"
+    ratio_or_kl = min(first_during.get("ratio", math.inf), first_during.get("kl", math.inf))
+    shrank = _first(summary, during, ("length_collapse",))
+    if shrank is not None and shrank < ratio_or_kl:
+        return "answer_collapse"
     if before_all("reward_variance", ("ratio", "kl", "entropy", "gradient", "blowup")):
         return "echo_trap"
+    entropy_fell = _first(summary, during, ("entropy_collapse",), critical=True)
+    if entropy_fell is not None and entropy_fell < ratio_or_kl:
+        return "entropy_collapse"
     entropy_critical = _first(summary, end, ("entropy_rise",), critical=True)
     if entropy_critical is not None and entropy_critical < min(
         first.get("ratio", math.inf), first.get("kl", math.inf)
@@ -718,7 +766,9 @@ def attribute(
     if "gradient" in first or "blowup" in first:
         return "optimisation_blowup"
     if "entropy" in first:
-        return "entropy_blowup"
+        rose = _first(summary, end, ("entropy_rise",))
+        fell = _first(summary, end, ("entropy_collapse",))
+        return "entropy_collapse" if fell is not None and (rose is None or fell < rose) else "entropy_blowup"
     return "unexplained"
 
 
@@ -753,7 +803,12 @@ def run_inputs(runs: RunSet, run_id: str) -> tuple[dict[str, list[str]], list[st
         families[detector.family] += [
             c for c in detector.columns if c in present and c not in families[detector.family]
         ]
-    missing = [d.name for d in DETECTORS if any(not present & set(SIGNALS[s].columns) for s in d.signals)]
+    missing = [
+        d.name
+        for d in DETECTORS
+        if any(not present & set(SIGNALS[s].columns) for s in d.signals)
+        and not set(d.signals) & set(OPTIONAL_SIGNALS)
+    ]
     return families, missing
 
 
@@ -847,6 +902,15 @@ def _divergence(
     logged = [f for f in DIVERGING_FAMILIES if inputs.get(f)]
     score = f"{len(rising)} of {len(logged)} families rising since step {since} ({', '.join(rising)})"
     critical = row["last_critical_step"] is not None and row["last_critical_step"] >= end
+    runaway = next((r for r in summary if r["detector"] == "kl_runaway"), None)
+    if (
+        runaway is not None
+        and runaway["last_critical_step"] is not None
+        and runaway["last_critical_step"] >= end
+    ):
+        critical = (
+            True  # the reference drift accelerating with the lengths: diverging, with fewer families up
+        )
     return since, score, rising, critical
 
 
@@ -923,7 +987,7 @@ def postmortem(
             if row["streak_first_step"] is not None
         ]  # the alerts of the streak that runs into the fall, not of a dip the run recovered from
         cause = attribute(streak, evidence, end if status == "collapsed" else label_row["last_step"],
-                          turn_level, settings)  # fmt: skip
+                          turn_level, settings, during=label_row["confirmed_step"] or label_row["last_step"])  # fmt: skip
         explanation = CAUSES[cause][0]
         remedy = remedy_for(cause, trainer_family(algorithm, _config(info)))
         if label_row["ends_collapsed"]:

@@ -32,6 +32,7 @@ from sorl_monitor.logs import (
 from sorl_monitor.logs.detect import detect_file, detect_folder, is_run_dir
 from sorl_monitor.logs.judged import JUDGED, judge
 from sorl_monitor.logs.options import LogOptions, apply_names, source_column
+from sorl_monitor.logs.signal_names import infer_signals
 from sorl_monitor.logs.table import ForeignRun, LogFormatError, LogWarning, run_name, unique_ids
 from sorl_monitor.names import OLDER_NAMES
 
@@ -201,6 +202,7 @@ def read_source(source: LogSource, options: LogOptions | None = None) -> list[Fo
             found = apply_names(run, options.names)
         except ValueError as error:
             raise LogFormatError(f"{source.path}: {error}") from None
+        infer_signals(run)
         judge(run, mapped_reward if mapped_reward in found else None)
     return runs
 

@@ -31,7 +31,7 @@ OPTIMIZED = "reward_optimized_mean"
 MIN_VALUES = 10
 SCORE_WORDS = frozenset(
     {"acc", "accuracy", "correct", "correctness", "pass", "passrate", "pass_rate", "pass@1", "success",
-     "solved", "solve", "exact", "em", "win", "winrate", "score", "performance"}
+     "solved", "solve", "exact", "em", "win", "winrate", "score", "performance", "answer"}
 )  # fmt: skip
 REWARD_WORDS = frozenset({"reward", "rewards", "return"})
 NOT_A_MEAN = frozenset(
@@ -105,6 +105,13 @@ def _source_name(run: ForeignRun, column: str) -> str:
     return column
 
 
+def _same(steps: pa.Table, a: str, b: str) -> bool:
+    """Whether two columns hold the same numbers (verl's rewards equal its score when no KL is in the reward)."""
+    left, right = steps.column(a).cast(pa.float64()), steps.column(b).cast(pa.float64())
+    differs = pc.greater(pc.abs(pc.subtract(left, right)), 1e-9)
+    return not pc.any(pc.fill_null(differs, False)).as_py()
+
+
 def _set(run: ForeignRun, column: str, values: pa.ChunkedArray) -> None:
     values = values.cast(pa.float64())
     steps = run.steps
@@ -127,14 +134,21 @@ def judge(run: ForeignRun, mapped_reward: str | None = None) -> dict[str, Any]:
             "column": "critic/score/mean",
             "why": "verl's task score (the reward function's, before any KL penalty)",
         }
-        if "critic_rewards_mean" in run.steps.column_names and _values(run.steps, "critic_rewards_mean"):
+        rewards = "critic_rewards_mean"
+        if (
+            rewards in run.steps.column_names
+            and _values(run.steps, rewards)
+            and not _same(run.steps, rewards, JUDGED)
+        ):
             _set(run, OPTIMIZED, run.steps.column("critic_rewards_mean"))
             choice["optimized"] = "critic/rewards/mean"
     elif found["score"]:
         score = found["score"][0]
         reward = JUDGED if has_reward else (found["reward"][0] if found["reward"] else None)
+        if reward is not None and _same(run.steps, reward, score):
+            reward = None  # the reward is the score (a correctness reward logged twice)
         choice = {"column": score, "why": "a task score beside the reward the trainer optimizes" if reward
-                  else "a task score (no reward logged)"}  # fmt: skip
+                  else "a task score"}  # fmt: skip
         if reward is not None:
             _set(run, OPTIMIZED, run.steps.column(reward))
             choice["optimized"] = _source_name(run, reward) if reward == JUDGED else reward
@@ -148,18 +162,21 @@ def judge(run: ForeignRun, mapped_reward: str | None = None) -> dict[str, Any]:
     else:
         choice = {"column": None, "why": "no column says reward, score or accuracy",
                   "candidates": _numeric_columns(run)[:8]}  # fmt: skip
-    others = [
-        c
-        for kind in ("score", "reward")
-        for c in found[kind]
-        if c not in (choice.get("column"), choice.get("optimized"))
-    ]
+    used = {choice.get("column"), choice.get("optimized"), *_columns_named(choice.get("optimized"))}
+    others = [c for kind in ("score", "reward") for c in found[kind] if c not in used]
     if others and choice.get("column") is not None:
         choice["others"] = others[:4]
     config = run.info.setdefault("config", {})
     if isinstance(config, dict):
         config["judged"] = choice
     return choice
+
+
+def _columns_named(name: str | None) -> list[str]:
+    """The columns a logged name may be stored under (itself, snake-cased)."""
+    from sorl_monitor.schema import column_name
+
+    return [] if name is None else [name, column_name(name)]
 
 
 def _numeric_columns(run: ForeignRun) -> list[str]:

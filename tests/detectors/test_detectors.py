@@ -71,8 +71,8 @@ def test_no_detector_fires_on_a_noisy_but_stable_synthetic_run(seed):
 
 def latency(detector: str) -> int:
     """How many steps after a pattern's onset its detector may first fire: a block or two (20 steps), and for
-    reward_drop, which judges a moving average over ``reward_ma_steps``, that window more."""
-    return 20 + (DetectorConfig().reward_ma_steps if detector == "reward_drop" else 0)
+    reward_drop and reward_hacking, which judge a moving average over ``reward_ma_steps``, that window more."""
+    return 20 + (DetectorConfig().reward_ma_steps if detector in ("reward_drop", "reward_hacking") else 0)
 
 
 @pytest.mark.parametrize("detector", DETECTOR_NAMES)

@@ -297,7 +297,7 @@ def test_verdict_to_dict_is_strict_json(tmp_path):
     assert payload["root_cause"] == "granularity_mismatch" and payload["status"] == "collapsed"
     assert payload["collapsed"] is True and payload["ends_collapsed"] is False
     assert set(payload["inputs"]) == {"ratio", "kl", "entropy", "gradient", "reward_variance", "length",
-                                      "reward", "blowup"}  # fmt: skip
+                                      "reward", "blowup", "divergence"}  # fmt: skip
 
 
 def test_unknown_run_is_a_query_error(tmp_path):

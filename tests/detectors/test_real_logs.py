@@ -87,13 +87,15 @@ def test_every_labelled_run_of_the_readme_is_here():
 
 
 @pytest.mark.parametrize("path", [p for p in real_logs() if label(p) == "collapsed"], ids=run_name)
-def test_the_real_run_labelled_collapsed_is_collapsed_and_flagged_before_its_final_fall(path):
+def test_the_real_run_labelled_collapsed_is_collapsed_and_flagged_by_its_falls_start(path):
+    """Flagged no later than the step its fall starts (entropy 17x its quiet level there, 32x five steps on); the
+    entropy_rise level the real dev set fits (16x) no longer fires at step 150 (9.7x), docs/results.md."""
     exit_code, verdict = postmortem_json(path)
     assert (exit_code, verdict["status"]) == (EXIT["collapsed"], "collapsed")
     assert verdict["root_cause"] is not None and verdict["remedy"] is not None
     assert verdict["first_critical"] is not None and verdict["first_critical"] <= verdict["collapse_step"]
     fall = last_fall_below_half(path)
-    assert fall is not None and verdict["first_critical"] < fall, (verdict["first_critical"], fall)
+    assert fall is not None and verdict["first_critical"] <= fall, (verdict["first_critical"], fall)
 
 
 @pytest.mark.parametrize("path", [p for p in real_logs() if label(p) == "healthy"], ids=run_name)

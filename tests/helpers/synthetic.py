@@ -153,6 +153,23 @@ def _nan_loss(row: dict) -> None:
     row["loss"] = float("nan")
 
 
+def _answers_shrink(row: dict) -> None:
+    _declining_reward(row)
+    _fall_below("response_len_mean", "length_collapse")(row)
+
+
+def _reward_hacked(row: dict) -> None:
+    """The optimized reward keeps climbing (from its level before ``ONSET``) while the score falls."""
+    row["reward_optimized_mean"] = 0.2 + 0.4 * row["step"] / 400 + 0.002 * (row["step"] - ONSET)
+    _declining_reward(row)
+
+
+def _kl_runaway(row: dict) -> None:
+    config = defaults()
+    _fold("kl_ref_k3", "kl_runaway", lambda c: c.kl_floor)(row)
+    row["completion_truncated_frac"] = min(1.0, 2 * config.runaway_truncation_rise * config.truncation_floor)
+
+
 PATTERNS: dict[str, Callable[[dict], None]] = {
     "clip_rise": _share("clip_frac", "clip_rise", lambda c: c.clip_floor),
     "turn_clip_rise": _share("clip_frac_turn", "turn_clip_rise", lambda c: c.clip_floor),
@@ -167,6 +184,9 @@ PATTERNS: dict[str, Callable[[dict], None]] = {
     "length_rise": _fold("response_len_mean", "length_rise", lambda c: 1.0),
     "truncation_rise": _share("completion_truncated_frac", "truncation_rise", lambda c: c.truncation_floor),
     "reward_drop": _fall_below("reward_mean", "reward_drop"),
+    "length_collapse": _answers_shrink,
+    "reward_hacking": _reward_hacked,
+    "kl_runaway": _kl_runaway,
     "nonfinite": _nan_loss,
 }
 
@@ -248,7 +268,9 @@ def every(rows: list[dict], interval: int) -> list[dict]:
 
 
 def as_table(rows: list[dict]) -> pa.Table:
-    return pa.Table.from_pylist(rows)
+    """Rows as a table with every key any row has (a pattern may add a column from its onset on)."""
+    names = list(dict.fromkeys(name for row in rows for name in row))
+    return pa.table({name: [row.get(name) for row in rows] for name in names})
 
 
 KEYS = ("run_id", "rank", "step", "iteration", "ppo_epoch", "minibatch", "policy_lag")
