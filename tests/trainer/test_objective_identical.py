@@ -78,7 +78,7 @@ def deviations(steps: list[dict], recorded: list[dict]) -> dict[str, float]:
         old = [None if s[column] is None else float.fromhex(s[column]) for s in recorded]
         scale = max([abs(v) for v in old if v is not None] + [SCALE_FLOOR])
         worst = 0.0
-        for a, b in zip(new, old):
+        for a, b in zip(new, old, strict=True):
             if (a is None) != (b is None):
                 worst = float("inf")
             elif a is not None:
@@ -98,9 +98,9 @@ def spread() -> None:
     recorded = json.loads(RECORD.read_text())["runs"]
     root = Path(__file__).resolve().parents[2]
     for setting in KERNEL_SETTINGS:
-        child = [sys.executable, "-c", f"import json; from tests.trainer.test_objective_identical import *; "
-                 f"import tempfile; d = tempfile.mkdtemp(); "
-                 f"print(json.dumps({{n: steps_of(n, Path(d)) for n in RUNS}}))"]  # fmt: skip
+        child = [sys.executable, "-c", "import json; from tests.trainer.test_objective_identical import *; "
+                 "import tempfile; d = tempfile.mkdtemp(); "
+                 "print(json.dumps({n: steps_of(n, Path(d)) for n in RUNS}))"]  # fmt: skip
         env = {**os.environ, **setting, "PYTHONPATH": str(root)}
         out = subprocess.run(child, env=env, capture_output=True, text=True, check=True).stdout
         runs = json.loads(out.strip().splitlines()[-1])
