@@ -35,7 +35,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     A ``record`` test pins one machine's float bits (tests/README.md): skipped unless ``-m`` names it."""
     if "record" not in (config.getoption("markexpr") or ""):
-        skip = pytest.mark.skip(reason="one machine's float bits: run with -m record on the machine that made it")
+        skip = pytest.mark.skip(
+            reason="one machine's float bits: run with -m record on the machine that made it"
+        )
         for item in items:
             if item.get_closest_marker("record"):
                 item.add_marker(skip)

@@ -106,7 +106,9 @@ def spread() -> None:
         runs = json.loads(out.strip().splitlines()[-1])
         worst = max(max(deviations(runs[n], recorded[n]).values()) for n in RUNS)
         exact = all(runs[n] == recorded[n] for n in RUNS)
-        print(f"{setting or 'native'}: largest deviation {worst:.1e} of scale{' (bit-identical)' if exact else ''}")
+        print(
+            f"{setting or 'native'}: largest deviation {worst:.1e} of scale{' (bit-identical)' if exact else ''}"
+        )
 
 
 @pytest.mark.slow
@@ -134,9 +136,13 @@ def test_the_tolerance_tells_a_kernel_difference_from_a_changed_objective():
     assert max(deviations(wobble, recorded).values()) < RTOL
     assert deviations(changed, recorded)["ctn_coef"] > RTOL
     assert deviations(recorded[:3], recorded)["loss"] == float("inf")
-    assert deviations([{**recorded[0], "ctn_penalty": None}] + recorded[1:], recorded)["ctn_penalty"] == float("inf")
-    zero = [{**row, "ctn_penalty": 0.0.hex()} for row in recorded]
-    assert deviations([{**row, "ctn_penalty": 2.6e-8.hex()} for row in recorded], zero)["ctn_penalty"] < RTOL
+    assert deviations([{**recorded[0], "ctn_penalty": None}] + recorded[1:], recorded)[
+        "ctn_penalty"
+    ] == float("inf")
+    zero = [{**row, "ctn_penalty": (0.0).hex()} for row in recorded]
+    assert (
+        deviations([{**row, "ctn_penalty": (2.6e-8).hex()} for row in recorded], zero)["ctn_penalty"] < RTOL
+    )
 
 
 if __name__ == "__main__":
