@@ -14,8 +14,15 @@ from sorl_monitor.cli.core import output_format
 from sorl_monitor.cli.diagnose import EXIT_COLLAPSE, EXIT_HEALTHY, ConfigOption, SetOption
 from sorl_monitor.fleet import ENGINES, fleet_verdicts
 from sorl_monitor.logs.guards import check_path
-from sorl_monitor.storage import StorageError, default_storage_options, is_remote
-from sorl_monitor.verdict_table import VERDICTS_FILE, read_verdicts, verdicts_file, write_verdicts
+from sorl_monitor.query import QueryError
+from sorl_monitor.storage import StorageError, default_storage_options, filesystem, is_remote
+from sorl_monitor.verdict_table import (
+    VERDICTS_FILE,
+    check_table_path,
+    read_verdicts,
+    verdicts_file,
+    write_verdicts,
+)
 
 ALARMING = ("collapsed", "collapsing", "diverging")
 """Statuses that make ``sorl fleet`` exit with ``EXIT_COLLAPSE`` (a CI gate over a whole fleet)."""
@@ -55,22 +62,20 @@ def fleet(
     """Post-mortem every run under PATH and write one verdict table (read by `sorl runs`, the dashboard and
     `sorl query`'s `verdicts` view); runs unchanged since the last table are not judged again.
 
-    Exit status: 0 no run collapsing, 3 at least one collapsed, collapsing or diverging, 2 user error.
+    Exit status: 0 no run collapsing, 3 at least one collapsed, collapsing or diverging, 2 user error (also a
+    store or path that fails, in any round of --watch).
     """
     output = output_format(csv, json_)
     if not is_remote(path) and not Path(path).is_dir():
         fail(f"not a folder: {path}")
     out = out or verdicts_file(path)
-    if not is_remote(out):
-        check_path(Path(out))
-        if not Path(out).parent.is_dir():
-            fail(f"no such folder for --out: {Path(out).parent}")
+    _check_out(out)
     while True:
-        table = _judge(path, out, engine, address, jobs, config_file, set_ or [])
         try:
+            table = _judge(path, out, engine, address, jobs, config_file, set_ or [])
             write_verdicts(table, out)
-        except StorageError as error:
-            fail(f"cannot write the verdict table: {error}")
+        except (StorageError, QueryError, ValueError) as error:  # a store or path that fails, in any round
+            fail(str(error))
         if watch is None:
             break
         err_console.print(f"{time.strftime('%H:%M:%S')} {_counts(table)} → {out}", highlight=False)
@@ -86,6 +91,21 @@ def fleet(
     print_table(shown, output, title=f"{_counts(table)} ({out})")
     alarming = any(status in ALARMING for status in table.column("status").to_pylist())
     raise typer.Exit(EXIT_COLLAPSE if alarming else EXIT_HEALTHY)
+
+
+def _check_out(out: str) -> None:
+    """Fail (one line) unless ``out`` can take the verdict table: a regular file or none yet, in a folder that
+    exists; an object-store URI ``storage`` takes."""
+    try:
+        if is_remote(out):
+            filesystem(out)
+            return
+        check_path(Path(out))
+        check_table_path(out)
+    except (StorageError, ValueError) as error:
+        fail(str(error))
+    if not Path(out).parent.is_dir():
+        fail(f"no such folder for --out: {Path(out).parent}")
 
 
 def _judge(path, out, engine, address, jobs, config_file, settings):  # noqa: ANN001, ANN202 - CLI glue

@@ -3,8 +3,8 @@
     table = fleet_verdicts("runs/", engine="local", jobs=2)      # or engine="ray", address="auto"
     write_verdicts(table, "runs/verdicts.parquet")
 
-Each run found under the root (a Parquet run folder or another tool's log, ``query.find_runs`` /
-``logs.find_logs``) is one *target*. Targets are judged in chunks; a chunk is one task (a process of the
+Each run found under the root (a Parquet run folder at any depth, named by its path below the root, or
+another tool's log, ``logs.find_logs``) is one *target*; a root without any is an error naming it. Targets are judged in chunks; a chunk is one task (a process of the
 local pool, or a Ray task) that opens each of its runs alone (``open_runs(target)``: a task reads only its
 runs) and runs ``postmortem.postmortem`` on each. Both engines call the same ``judge_targets``, so they
 give the same table. A run that cannot be read is a row with ``status = 'error'`` and the one-line reason,
@@ -24,6 +24,7 @@ import datetime as dt
 import os
 import shutil
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,14 +32,15 @@ from typing import Any
 
 import pyarrow as pa
 
+from sorl_monitor.logs import is_run_dir
 from sorl_monitor.postmortem import load_configs, postmortem
 from sorl_monitor.query import (
     TABLES,
+    CorruptPartWarning,
     QueryError,
     SharedDatabase,
     default_memory_limit,
     find_foreign_logs,
-    find_runs,
     open_runs,
 )
 from sorl_monitor.storage import (
@@ -67,31 +69,74 @@ overlap the DuckDB work of the runs before it."""
 class Target:
     """One run to judge: a Parquet run folder or a log file/folder, and when its files last changed; for a
     run in object storage, its objects as the fleet's one LIST found them (its task lists nothing again;
-    ``storage.mirror_down(listing=...)``), without those of tables a post-mortem does not read."""
+    ``storage.mirror_down(listing=...)``), without those of tables a post-mortem does not read. ``run_id``:
+    the run id its row takes, for a Parquet run in a sub-folder (its path below the root, ``exp1/run``)."""
 
     path: str
     mtime: float | None
     objects: tuple[ListedObject, ...] = ()
+    run_id: str | None = None
 
 
 def find_targets(
     root: str | os.PathLike[str], fmt: str | None = None, storage_options: Mapping[str, str] | None = None
 ) -> list[Target]:
     """Every run under ``root`` (a folder of runs and logs, or one run; or an object-store prefix, whose
-    targets stay URIs so that each task reads only its run from the store), each its own target."""
+    targets stay URIs so that each task reads only its run from the store), each its own target. Parquet
+    runs are found at any depth; ``QueryError`` (naming ``root``) where there is none."""
     if is_remote(root):
-        return [
+        targets = [
             Target(
                 run.uri,
                 run.mtime,
                 tuple(o for o in run.objects if o[0].partition("/")[0] not in UNREAD_TABLES),
+                run.name if "/" in run.name else None,
             )
             for run in remote_run_listings(os.fspath(root), storage_options)
         ]
-    root_path = Path(root)
-    paths = [str(p) for p in find_runs(root_path, fmt)]
-    paths += [str(source.path.resolve()) for source in find_foreign_logs([root_path], fmt)]
-    return [Target(p, _mtime(Path(p))) for p in dict.fromkeys(paths)]
+    else:
+        root_path = Path(root)
+        if not root_path.exists():
+            raise QueryError(f"no such file or directory: {root_path}")
+        found = {str(p): _nested_id(p, root_path) for p in runs_below(root_path, fmt)}
+        for source in find_foreign_logs([root_path], fmt):
+            found.setdefault(str(source.path.resolve()), None)
+        targets = [Target(p, _mtime(Path(p)), run_id=run_id) for p, run_id in found.items()]
+    if not targets:
+        raise QueryError(
+            f"no runs found under {os.fspath(root)} (a run is a folder with run.json or steps/, at any depth, "
+            "or a log: see docs/logs.md)"
+        )
+    return targets
+
+
+def runs_below(root: Path, fmt: str | None = None) -> list[Path]:
+    """The Parquet run folders at or under ``root``, at any depth (a run's own folders are not searched;
+    hidden folders and links to folders are not entered, a link to a run is a run), by path."""
+    if fmt not in (None, "sorl") or not root.is_dir():
+        return []
+    if is_run_dir(root):
+        return [root.resolve()]
+    found = []
+    for folder, children, _ in os.walk(root):
+        kept = []
+        for child in sorted(c for c in children if not c.startswith(".")):
+            path = Path(folder) / child
+            if is_run_dir(path):
+                found.append(path.resolve())
+            else:
+                kept.append(child)
+        children[:] = kept
+    return list(dict.fromkeys(found))
+
+
+def _nested_id(run: Path, root: Path) -> str | None:
+    """A run's path below ``root`` where it sits in a sub-folder (``exp1/run``); else ``None`` (its own id)."""
+    try:
+        relative = run.relative_to(root.resolve()).as_posix()
+    except ValueError:  # a link to a run elsewhere
+        return None
+    return relative if "/" in relative else None
 
 
 def _mtime(path: Path) -> float | None:
@@ -140,18 +185,28 @@ def judge_targets(
                 base = {"path": path, "source_mtime": target.mtime, "updated_at": now}
                 try:
                     source = downloads[path].result() if path in downloads else path
-                    for row in _judge(source, fmt, configs, storage_options, database):
+                    judged = list(_judge(source, fmt, configs, storage_options, database))
+                    if target.run_id is not None and len(judged) == 1:
+                        judged[0]["run_id"] = target.run_id
+                    for row in judged:
+                        if path in downloads and row.get("error"):
+                            row["error"] = _as_uri(row["error"], path)
                         rows.append({**base, **row})
                 except Exception as error:  # noqa: BLE001 - one bad run is a row, never a failed fleet
-                    name = path.rstrip("/").rpartition("/")[2]
+                    name = target.run_id or path.rstrip("/").rpartition("/")[2]
                     message = _one_line(error)
-                    if path in downloads:  # the run as the user named it, not its local copy
-                        message = message.replace(str(local_copy(path).resolve()), path.rstrip("/"))
-                        message = message.replace(str(local_copy(path)), path.rstrip("/"))
+                    if path in downloads:
+                        message = _as_uri(message, path)
                     rows.append({**base, "run_id": name, "status": "error", "error": message})
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return rows
+
+
+def _as_uri(message: str, uri: str) -> str:
+    """``message`` naming the run as the user named it (its URI), not its local copy."""
+    message = message.replace(str(local_copy(uri).resolve()), uri.rstrip("/"))
+    return message.replace(str(local_copy(uri)), uri.rstrip("/"))
 
 
 def _download(uri: str, objects: Sequence[ListedObject], storage_options: Mapping[str, str] | None) -> str:
@@ -177,21 +232,58 @@ def _judge(
     configs: tuple[Any, ...],
     storage_options: Mapping[str, str] | None,
     database: SharedDatabase,
-) -> Iterator[dict[str, Any]]:
-    """The verdict row of each run at ``path`` (``postmortem``, on views of the tables it reads), as judged."""
-    with open_runs(
-        path,
-        fmt,
-        threads=1,
-        storage_options=dict(storage_options or {}),
-        tables=POSTMORTEM_TABLES,
-        materialize=("steps",),
-        database=database,
-        interruptible=False,
-    ) as run_set:
-        run_ids = run_set.sql("SELECT run_id FROM runs ORDER BY run_id").column(0).to_pylist()
-        for run_id in run_ids:
-            yield _verdict_row(postmortem(run_set, run_id, *configs))
+) -> list[dict[str, Any]]:
+    """The verdict row of each run at ``path`` (``postmortem``, on views of the tables it reads), as judged.
+
+    ``steps`` is copied into memory once; where that copy fails (a part whose footer reads but whose pages do
+    not), the run is judged again over views, whose queries skip such a part (``sorl postmortem``'s way), and
+    each row names the parts left out in ``error``."""
+    try:
+        return _judged(path, fmt, configs, storage_options, database, materialize=("steps",))
+    except QueryError:
+        raise
+    except Exception:  # noqa: BLE001 - e.g. DuckDB's "don't know what type", naming no file
+        return _judged(path, fmt, configs, storage_options, database, materialize=())
+
+
+def _judged(
+    path: str,
+    fmt: str | None,
+    configs: tuple[Any, ...],
+    storage_options: Mapping[str, str] | None,
+    database: SharedDatabase,
+    *,
+    materialize: tuple[str, ...],
+) -> list[dict[str, Any]]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CorruptPartWarning)  # each row names its skipped parts instead
+        with open_runs(
+            path,
+            fmt,
+            threads=1,
+            storage_options=dict(storage_options or {}),
+            tables=POSTMORTEM_TABLES,
+            materialize=materialize,
+            database=database,
+            interruptible=False,
+        ) as run_set:
+            try:
+                run_ids = run_set.sql("SELECT run_id FROM runs ORDER BY run_id").column(0).to_pylist()
+                rows = [_verdict_row(postmortem(run_set, run_id, *configs)) for run_id in run_ids]
+            except Exception as error:  # noqa: BLE001 - said with the parts left out, which may be why
+                if skipped := _skipped(run_set.skipped_parts()):
+                    raise QueryError(f"{_one_line(error)}; {skipped}") from None
+                raise
+            for row in rows:
+                row["error"] = _skipped(run_set.skipped_parts(row["run_id"]))
+    return rows
+
+
+def _skipped(parts: Sequence[Any]) -> str | None:
+    """``left out N unreadable parts (first's path: reason)``, or ``None`` for none."""
+    if not parts:
+        return None
+    return f"left out {len(parts)} unreadable part{'s' if len(parts) > 1 else ''} ({parts[0].path}: {parts[0].reason})"
 
 
 def _verdict_row(verdict: Any) -> dict[str, Any]:
