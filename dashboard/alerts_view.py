@@ -9,7 +9,7 @@ import pyarrow.compute as pc
 import streamlit as st
 
 from sorl_monitor.dashboard import view_parts
-from sorl_monitor.dashboard.verdict_line import escape
+from sorl_monitor.dashboard.verdict_line import escape, plain
 from sorl_monitor.figures.overview import OverviewOptions
 from sorl_monitor.live import LiveRuns
 from sorl_monitor.postmortem import Verdict
@@ -56,7 +56,7 @@ def _logged(live: LiveRuns, run_ids: list[str]) -> None:
     logged = {run_id: live.alerts(run_id) for run_id in run_ids}
     st.markdown("**Logged alerts and actions**")
     for run_id, rows in logged.items():
-        st.caption(f"**{run_id}**: {logged_summary(rows)}")
+        st.caption(f"**{plain(run_id)}**: {logged_summary(rows)}")
     every = pa.concat_tables(
         [
             rows.append_column("run", pa.repeat(pa.scalar(run_id), rows.num_rows))
@@ -105,7 +105,9 @@ def logged_summary(logged: pa.Table) -> str:
 def show_verdict(verdict: Verdict, wide: bool) -> None:
     """One run's post-mortem: timeline (one row of four when ``wide``, else two of two), root cause and remedy
     (or healthy), the detectors that fired, the evidence."""
-    st.markdown(f"**Verdict: {verdict.run_id}** (as of step {verdict.last_step}, {verdict.updates} updates)")
+    st.markdown(
+        f"**Verdict: {plain(verdict.run_id)}** (as of step {verdict.last_step}, {verdict.updates} updates)"
+    )
     cells = st.columns(4) if wide else [*st.columns(2), *st.columns(2)]
     collapse = "none" if verdict.collapse_step is None else f"step {verdict.collapse_step}"
     cells[0].metric("collapse", collapse)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import streamlit as st
 
 from sorl_monitor.dashboard import view_parts
-from sorl_monitor.dashboard.verdict_line import ALARMING, colored_status, status_words
+from sorl_monitor.dashboard.verdict_line import ALARMING, colored_status, plain, status_words
 from sorl_monitor.run_list import UNJUDGED, ListedRun, VerdictList, filter_runs, status_counts
 
 SHOWN = 30
@@ -65,12 +65,12 @@ def _words(status: str) -> str:
 def _line(run: ListedRun) -> str:
     """``status · run`` then ``algorithm · collapse at S · step N · root cause`` in small grey text."""
     mark = f":gray[**{_words(run.status)}**]" if run.status == UNJUDGED else colored_status(run.status)
-    detail = [run.algorithm or "algorithm not logged"]
+    detail = [plain(run.algorithm) if run.algorithm else "algorithm not logged"]
     if run.collapse_step is not None:
         detail.append(f"collapse at {run.collapse_step}")
     if run.last_step is not None:
         detail.append(f"step {run.last_step}")
     if run.error or run.root_cause:
-        detail.append((run.error or status_words(run.root_cause or ""))[:100])
-    text = " · ".join(detail).replace("[", "(").replace("]", ")")  # a bracket would end the grey text
-    return f"{mark} **{run.run_id}**  \n:gray[{text}]"
+        detail.append(plain((run.error or status_words(run.root_cause or ""))[:100]))
+    text = " · ".join(detail).replace("\\[", "(").replace("\\]", ")")  # a bracket would end the grey text
+    return f"{mark} **{plain(run.run_id)}**  \n:gray[{text}]"

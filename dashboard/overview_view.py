@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import streamlit as st
 
 from sorl_monitor.dashboard import view_parts
-from sorl_monitor.dashboard.verdict_line import ALARMING, colored_status, verdict_line
+from sorl_monitor.dashboard.verdict_line import ALARMING, colored_status, plain, verdict_line
 from sorl_monitor.figures.notes import length_note, log_zero_notes
 from sorl_monitor.figures.overview import OverviewOptions, overview_figure
 from sorl_monitor.figures.panels import logged_panels
@@ -74,15 +74,19 @@ def data_notes(live: LiveRuns, run_id: str, options: OverviewOptions) -> list[st
     }
     notes = log_zero_notes(steps, panels, log_titles)
     length = length_note(steps, live.collapse_step(run_id))
-    return [f"{run_id} · {note}" for note in (*notes, *([length] if length else []))]
+    return [f"{plain(run_id)} · {note}" for note in (*notes, *([length] if length else []))]
 
 
 def status_line(run_id: str, info: RunInfo | None, live: LiveRuns | None = None) -> str:
     """``**run** · algorithm · state · step N · reward R · last write S s ago`` (markdown)."""
     if info is None:
-        return f"**{run_id}** · gone"
+        return f"**{plain(run_id)}** · gone"
     algorithm = info.algorithm if live is None else view_parts.algorithm_words(live, run_id, info.algorithm)
-    parts = [f"**{run_id}**", algorithm or "algorithm not logged", info.status]
+    parts = [
+        f"**{plain(run_id)}**",
+        plain(algorithm) if algorithm else "algorithm not logged",
+        plain(info.status),
+    ]
     parts.append("no update yet" if info.last_step is None else f"step {info.last_step}")
     if info.last_reward is not None:
         parts.append(f"reward {info.last_reward:.3g}")
@@ -140,11 +144,12 @@ def _sidebar_line(info: RunInfo, status: str | None, algorithm: str) -> str:
     """``status · run`` then ``algorithm · state · step N`` in small grey text."""
     mark = colored_status(status) if status else (":red[**collapsed**]" if info.collapse_step else "…")
     detail = " · ".join(
-        [algorithm, info.status]
+        [plain(algorithm), plain(info.status)]
         + ([f"collapse at {info.collapse_step}"] if info.collapse_step is not None else [])
         + ["no updates yet" if info.last_step is None else f"step {info.last_step}"]
     )
-    return f"{mark} **{info.run_id}**  \n:gray[{detail}]"
+    detail = detail.replace("\\[", "(").replace("\\]", ")")  # a bracket would end the grey text
+    return f"{mark} **{plain(info.run_id)}**  \n:gray[{detail}]"
 
 
 def wait_for_runs(live: LiveRuns, problem: str | None) -> None:

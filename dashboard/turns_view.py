@@ -9,6 +9,7 @@ import pyarrow.compute as pc
 import streamlit as st
 
 from sorl_monitor.dashboard import view_parts
+from sorl_monitor.dashboard.verdict_line import plain
 from sorl_monitor.figures.overview import OverviewOptions
 from sorl_monitor.figures.series import XAxis
 from sorl_monitor.figures.turns import StepRatios, ratio_distribution_figure, turn_heatmap_figure
@@ -53,7 +54,7 @@ def _turns(live: LiveRuns, run_ids: list[str], x_axis: str, follow: bool) -> Non
             st.markdown("**Turn ratios vs token ratios** at one step: the granularity mismatch")
             at = {run_id: _step_ratios(live, run_id, step) for run_id, step in chosen.items()}
             for run_id, ratios in at.items():
-                st.caption(f"**{run_id}**, step {ratios.step}: " + step_caption(ratios.step_row))
+                st.caption(f"**{plain(run_id)}**, step {ratios.step}: " + step_caption(ratios.step_row))
             view_parts.chart(
                 "ratio-distribution", live, list(at), chosen, lambda: ratio_distribution_figure(at)
             )

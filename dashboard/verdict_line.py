@@ -24,7 +24,7 @@ def status_words(status: str) -> str:
 
 def colored_status(status: str) -> str:
     """The status in words, red when alarming, green when healthy, grey otherwise (Streamlit markdown)."""
-    words = status_words(status)
+    words = plain(status_words(status))
     if status in ALARMING:
         return f":red[**{words}**]"
     if status in CALM:
@@ -81,6 +81,17 @@ def verdict_line(verdict: Verdict, onsets: Sequence[dict[str, Any]], block_steps
             else "no critical alert"
         )
     return " · ".join(parts)
+
+
+NAME_MARKUP = "\\`*_[]()<>#!|~$:{}"
+"""Characters escaped in a name shown in markdown (``plain``): every one markdown or Streamlit reads as markup."""
+
+
+def plain(text: str) -> str:
+    """A name (run id, algorithm, status) shown as it is in Streamlit markdown, on one line: no link, colour,
+    emphasis, LaTeX or line break from what it holds."""
+    text = " ".join(str(text).split())
+    return "".join("\\" + char if char in NAME_MARKUP else char for char in text)
 
 
 def escape(text: str) -> str:

@@ -16,6 +16,7 @@ import streamlit as st
 
 from sorl_monitor.dashboard.launch_settings import Settings
 from sorl_monitor.dashboard.live_chart import basic_enough, live_chart
+from sorl_monitor.dashboard.verdict_line import plain
 from sorl_monitor.live import LiveRuns
 from sorl_monitor.logs import LogOptions
 from sorl_monitor.logs.options import config_tables
@@ -190,7 +191,7 @@ def show_skipped_parts(live: LiveRuns, run_ids: Sequence[str]) -> None:
             continue
         lines = "\n".join(f"- `{_relative(p.path, live.log_dir)}`: {p.reason}" for p in parts)
         st.warning(
-            f"**{run_id}**: {len(parts)} part file{'s' if len(parts) > 1 else ''} could not be read and "
+            f"**{plain(run_id)}**: {len(parts)} part file{'s' if len(parts) > 1 else ''} could not be read and "
             f"{'are' if len(parts) > 1 else 'is'} left out:\n{lines}"
         )
 
