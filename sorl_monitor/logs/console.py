@@ -20,8 +20,9 @@ model-loading messages come first)."""
 
 
 def console_text(data: bytes) -> str:
-    """``data`` as text, ANSI sequences removed (bytes that are not UTF-8 replaced)."""
-    return ANSI.sub(b"", data).decode("utf-8", errors="replace")
+    """``data`` as text, ANSI sequences and NUL bytes removed (bytes that are not UTF-8 replaced): a NUL from a
+    crash, or a stretch a tool wrote as UTF-16, costs nothing but those bytes."""
+    return ANSI.sub(b"", data.replace(b"\0", b"")).decode("utf-8", errors="replace")
 
 
 def console_lines(data: bytes) -> list[str]:
@@ -29,7 +30,17 @@ def console_lines(data: bytes) -> list[str]:
     return re.split(r"\r\n|\r|\n", console_text(data))
 
 
+TEXT_SHARE = 0.95
+"""A head with NUL bytes is text when, without them, at least this share of it is printable (a UTF-16 stretch
+or a stray NUL in a console log); else it is binary."""
+
+
 def scan_head(path: Path) -> bytes:
-    """The first ``SCAN_BYTES`` of a file, or ``b""`` when it is not text (a NUL byte in it)."""
+    """The first ``SCAN_BYTES`` of a file without NUL bytes, or ``b""`` when it is not text (``TEXT_SHARE``)."""
     start = head(path, SCAN_BYTES)
-    return b"" if b"\0" in start else start
+    if b"\0" not in start:
+        return start
+    stripped = start.replace(b"\0", b"")
+    text = stripped.decode("utf-8", errors="replace")
+    printable = sum(ch.isprintable() or ch in "\n\r\t\x1b" for ch in text)
+    return stripped if text and printable >= TEXT_SHARE * len(text) else b""

@@ -9,6 +9,7 @@ wide; ``foreign_run`` then merges rows of one step, maps the names (``names.map_
 from __future__ import annotations
 
 import json
+import math
 import re
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
@@ -154,9 +155,12 @@ def one_row_per_step(table: pa.Table, step: str, source: Path | None = None) -> 
     column holds values that are not whole numbers.
     """
     column = table.column(step)
-    if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
+    textual = pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
+    if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type) or textual):
         raise LogFormatError(f"its step column {step!r} holds {column.type} values, not step numbers")
     try:
+        if textual:
+            raise pa.ArrowInvalid("text steps")
         column = column.cast(pa.int64())
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         if source is None:
@@ -334,6 +338,9 @@ def segmented_runs(
     column = table.column(step)
     if pa.types.is_integer(column.type) or pa.types.is_floating(column.type):
         steps = column.cast(pa.float64()).fill_null(np.nan).to_numpy()
+    elif pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        parsed = [parse_number(text) if text is not None else None for text in column.to_pylist()]
+        steps = np.array([np.nan if v is None else v for v in parsed], np.float64)
     else:
         steps = np.zeros(table.num_rows)  # one_row_per_step says what is wrong with it
     out = []
@@ -354,20 +361,24 @@ def segmented_runs(
 
 
 def _rows_with_64_bit_steps(table: pa.Table, step: str, source: Path) -> tuple[pa.Table, pa.ChunkedArray]:
-    """The rows whose step is a whole number that fits 64 bits, and their steps; one warning for the others."""
-    steps = table.column(step).to_pylist()
-    fits = [s is None or (float(s).is_integer() and -(2**63) <= s < 2**63) for s in steps]
-    first = next(s for s, ok in zip(steps, fits, strict=True) if not ok)
-    warnings.warn(
-        f"{source}: {fits.count(False)} rows with a step that is not a 64-bit whole number left out "
-        f"(first: {first!r})",
-        LogWarning,
-        stacklevel=4,
-    )
-    table = table.filter(pa.array(fits))
-    return table, pa.chunked_array(
-        [pa.array([int(s) if s is not None else None for s in table.column(step).to_pylist()], pa.int64())]
-    )
+    """The rows whose step is a whole number that fits 64 bits (a number, or text that is one: ``"25"``), and
+    their steps; one warning naming the file, the first such row and how many were left out."""
+    raw = table.column(step).to_pylist()
+    steps = [parse_number(s) if isinstance(s, str) else s for s in raw]
+    fits = [
+        s is None or (s is not False and math.isfinite(s) and float(s).is_integer() and -(2**63) <= s < 2**63)
+        for s in steps
+    ]
+    bad = [i for i, ok in enumerate(fits) if not ok]
+    if bad:
+        warnings.warn(
+            f"{source}: {len(bad)} rows with a step that is not a 64-bit whole number left out "
+            f"(first: row {bad[0] + 1}, step {raw[bad[0]]!r})",
+            LogWarning,
+            stacklevel=4,
+        )
+    kept = [int(s) if s is not None else None for s, ok in zip(steps, fits, strict=True) if ok]
+    return table.filter(pa.array(fits)), pa.chunked_array([pa.array(kept, pa.int64())])
 
 
 def pivot(
@@ -454,6 +465,9 @@ def foreign_run(
     by_name = {renamed[n]: n for n in metrics}
     if family == "auto":
         family = guess_family(by_name)
+    mapping = column_mapping(list(by_name), family)
+    if len(mapping) > MAX_METRIC_COLUMNS:
+        mapping = _widest_kept(source, mapping, wide, by_name)
     columns: dict[str, pa.ChunkedArray] = {
         "run_id": pa.chunked_array([pa.repeat(pa.scalar(name), wide.num_rows)]),
         "rank": pa.chunked_array([pa.repeat(pa.scalar(0, pa.int32()), wide.num_rows)]),
@@ -461,7 +475,7 @@ def foreign_run(
     }
     if "wall_time" in wide.column_names:
         columns["wall_time"] = wide.column("wall_time").cast(pa.float64())
-    for mapped_name, column in column_mapping(list(by_name), family):
+    for mapped_name, column in mapping:
         values = wide.column(by_name[mapped_name])
         if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
             values = _numbers_with_bad_cells_null(values, wide.column("step"), source, by_name[mapped_name])
@@ -470,6 +484,35 @@ def foreign_run(
         columns.setdefault(metric_column(column), values)
     run_info = {"status": "imported", "format": fmt, "source": str(source), **(info or {})}
     return ForeignRun(name, source, fmt, family, run_info, pa.table(columns))
+
+
+MAX_METRIC_COLUMNS = 2000
+"""The most metric columns one foreign run keeps: the schema's columns and the names with the most values first
+(a line of 60,000 cells would otherwise cost the query layer minutes and gigabytes for names no detector reads)."""
+
+
+def _widest_kept(
+    source: Path, mapping: list[tuple[str, str]], wide: pa.Table, by_name: Mapping[str, str]
+) -> list[tuple[str, str]]:
+    """``MAX_METRIC_COLUMNS`` of ``mapping``: the schema's columns, then the others by how many values they hold
+    (first logged first among equals); one warning naming the file and how many were left out."""
+    from sorl_monitor.schema import STEP_METRICS
+
+    known = set(STEP_METRICS)
+    ranked = sorted(
+        range(len(mapping)),
+        key=lambda i: (mapping[i][1] not in known, wide.column(by_name[mapping[i][0]]).null_count, i),
+    )
+    kept = sorted(ranked[:MAX_METRIC_COLUMNS])
+    left = len(mapping) - len(kept)
+    first = mapping[ranked[MAX_METRIC_COLUMNS]][0]
+    warnings.warn(
+        f"{source}: {left} of its {len(mapping)} metric names left out (at most {MAX_METRIC_COLUMNS} a run, the "
+        f"schema's and the most often logged first; first left out: {first!r})",
+        LogWarning,
+        stacklevel=4,
+    )
+    return [mapping[i] for i in kept]
 
 
 def _numbers_with_bad_cells_null(
