@@ -43,6 +43,8 @@ from sorl_monitor.monitor import Monitor
 
 CLIPPED_LOSSES = frozenset({"grpo", "bnpo", "dr_grpo", "dapo", "luspo"})
 """TRL loss types with PPO's two-sided clip, where ``clip_ratio/*`` is logged."""
+SO_GRPO = "so_grpo"
+"""SORL's loss type (``trl_so_grpo``), which only trainers with ``SORLLossMixin`` have."""
 REWARD_KEY = "sorl_reward"
 """The generation-batch entry that carries each completion's reward to the loss."""
 
@@ -163,6 +165,12 @@ class TokenTapMixin:
     _sorl_rewards: Tensor | None = None
 
     def __init__(self, *args: Any, monitor: Monitor | None = None, **kwargs: Any) -> None:
+        config = kwargs.get("args", args[2] if len(args) > 2 else None)  # (model, reward_funcs, args, …)
+        if getattr(config, "loss_type", None) == SO_GRPO and not hasattr(self, "_so_grpo_loss"):
+            raise ValueError(
+                "loss_type='so_grpo' needs SORLGRPOTrainer (or a trainer with SORLGRPOMixin): this trainer has "
+                "no SO-GRPO loss and would fail after the first generation"
+            )
         super().__init__(*args, **kwargs)
         callbacks = self.callback_handler.callbacks  # type: ignore[attr-defined]
         found = [c for c in callbacks if isinstance(c, SorlCallback)]

@@ -23,12 +23,18 @@ and λ change is an ``alerts`` action row (``ctn_on`` / ``ctn_off`` / ``ctn_coef
 ``ctn_penalty`` and ``dual_clip_frac``.
 
 ``SORLGRPOMixin`` gives a user's own ``GRPOTrainer`` subclass the same: ``class T(SORLGRPOMixin, MyTrainer)``.
-Not supported with ``so_grpo`` (refused at construction): ``importance_sampling_level="sequence"``,
-``top_entropy_quantile < 1``, an entropy bonus, ``off_policy_mask_threshold``.
+Refused at construction: ``importance_sampling_level="sequence"``, ``top_entropy_quantile < 1``, an entropy
+bonus and ``off_policy_mask_threshold`` with ``so_grpo``; a setting that is not a finite number or not a
+``bool`` where one is asked for (``turn_is="no"``, ``ctn_coef_max=inf``); and a ``SORLGRPOConfig`` asking for
+``so_grpo`` or CTN given to a trainer without the SO-GRPO loss (TRL's ``GRPOTrainer``, ``MonitoredGRPOTrainer``,
+any ``transformers.Trainer``), which would fail after the first generation or train without CTN.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +45,7 @@ from trl import GRPOConfig, GRPOTrainer
 from sorl_monitor.detectors import DetectorConfig
 from sorl_monitor.detectors import config_from_mapping as detector_config
 from sorl_monitor.guard import ARMED, CtnGuard, GuardDecision
-from sorl_monitor.integrations.trl import CLIPPED_LOSSES, TokenTapMixin, update_keys
+from sorl_monitor.integrations.trl import CLIPPED_LOSSES, SO_GRPO, TokenTapMixin, update_keys
 from sorl_monitor.metrics import masked_mean, turn_ids_from_mask
 from sorl_monitor.objective import (
     TURN_RATIO_FORMS,
@@ -51,7 +57,6 @@ from sorl_monitor.objective import (
     turn_group_advantages,
 )
 
-SO_GRPO = "so_grpo"
 CTN_MODES = ("off", "on", "auto")
 
 
@@ -92,6 +97,46 @@ class SORLGRPOConfig(GRPOConfig):
         default_factory=dict, metadata={"help": "DetectorConfig fields for the guard's detectors."}
     )
 
+    def needs_sorl_trainer(self) -> bool:
+        """Whether only a trainer with the SO-GRPO loss can do what this config asks (``so_grpo``, or CTN)."""
+        return self.loss_type == SO_GRPO or self.ctn != "off"
+
+    def get_process_log_level(self) -> int:
+        """``TrainingArguments``' own, and the check that the trainer being built has the SO-GRPO loss:
+        ``transformers.Trainer.__init__`` calls this (TRL's ``GRPOTrainer`` through it), and only
+        ``SORLLossMixin`` claims the config first (``claimed``)."""
+        if self.needs_sorl_trainer() and not getattr(self, "_sorl_claims", 0):
+            raise ValueError(NOT_A_SORL_TRAINER.format(loss_type=self.loss_type, ctn=self.ctn))
+        return super().get_process_log_level()
+
+
+NOT_A_SORL_TRAINER = (
+    "SORLGRPOConfig(loss_type={loss_type!r}, ctn={ctn!r}) needs SORLGRPOTrainer (or a trainer with "
+    "SORLGRPOMixin): this trainer has no SO-GRPO loss or CTN switch and would fail after the first generation "
+    "or train without CTN; for TRL's own loss without CTN give loss_type='dapo' (or another TRL loss) and "
+    "ctn='off'"
+)
+
+
+@contextlib.contextmanager
+def claimed(args: Any) -> Iterator[None]:
+    """While a SORL trainer is built, ``args`` (a ``SORLGRPOConfig``) lets ``get_process_log_level`` pass."""
+    if not isinstance(args, SORLGRPOConfig):
+        yield
+        return
+    args._sorl_claims = getattr(args, "_sorl_claims", 0) + 1
+    try:
+        yield
+    finally:
+        args._sorl_claims -= 1
+
+
+BOOLEAN_SETTINGS = ("turn_is", "turn_advantage")
+NUMBER_SETTINGS = ("dual_clip", "ctn_coef", "ctn_target_clip", "ctn_coef_max", "ctn_kl_cap")
+WHOLE_SETTINGS = ("ctn_quiet_updates", "ctn_guard_every")
+OPTIONAL_SETTINGS = ("dual_clip", "ctn_target_clip", "ctn_kl_cap", "ctn_guard_every")
+"""Settings whose ``None`` means off; every other number must be a finite one."""
+
 
 @dataclass
 class SorlLossSettings:
@@ -126,6 +171,7 @@ class SorlLossSettings:
 
     def check(self, args: Any) -> SorlLossSettings:
         """Raise ``ValueError`` naming the first bad or unsupported setting; return self."""
+        self._check_kinds()
         if self.loss_type != SO_GRPO and self.loss_type not in CLIPPED_LOSSES - {"luspo"}:
             raise ValueError(
                 f"loss_type must be so_grpo or one of grpo, bnpo, dr_grpo, dapo, not {self.loss_type!r}"
@@ -146,6 +192,10 @@ class SorlLossSettings:
             raise ValueError(f"need 0 ≤ ctn_coef ≤ ctn_coef_max, got {self.ctn_coef}, {self.ctn_coef_max}")
         if self.ctn_guard_every is not None and self.ctn_guard_every < 1:
             raise ValueError(f"ctn_guard_every must be at least 1, not {self.ctn_guard_every}")
+        if self.ctn_quiet_updates < 1:
+            raise ValueError(f"ctn_quiet_updates must be at least 1, not {self.ctn_quiet_updates}")
+        if self.ctn_target_clip is not None and not 0 < self.ctn_target_clip < 1:
+            raise ValueError(f"ctn_target_clip must be between 0 and 1, not {self.ctn_target_clip}")
         if self.loss_type == SO_GRPO:
             unsupported = {
                 "importance_sampling_level='sequence'": args.importance_sampling_level != "token",
@@ -157,6 +207,25 @@ class SorlLossSettings:
                 if used:
                     raise ValueError(f"loss_type='so_grpo' does not support {name}")
         return self
+
+    def _check_kinds(self) -> None:
+        """``ValueError`` for a setting of the wrong kind: ``"no"`` for a bool, ``inf`` or text for a number."""
+        for name in BOOLEAN_SETTINGS:
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be True or False, not {value!r}")
+        for name, kind in [
+            *((n, "a finite number") for n in NUMBER_SETTINGS),
+            *((n, "a whole number") for n in WHOLE_SETTINGS),
+        ]:
+            value = getattr(self, name)
+            if value is None and name in OPTIONAL_SETTINGS:
+                continue
+            number = isinstance(value, int) if name in WHOLE_SETTINGS else isinstance(value, int | float)
+            if isinstance(value, bool) or not number or not math.isfinite(value):
+                raise ValueError(f"{name} must be {kind}, not {value!r}")
+        if not isinstance(self.ctn_detectors, dict):
+            raise ValueError(f"ctn_detectors must be a dict of detector settings, not {self.ctn_detectors!r}")
 
     def objective(self, eps_low: float, eps_high: float) -> ObjectiveSettings:
         return ObjectiveSettings(
@@ -201,7 +270,9 @@ class SORLLossMixin:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         overrides = {name: kwargs.pop(name) for name in list(kwargs) if name in OVERRIDABLE}
-        super().__init__(*args, **kwargs)
+        config = kwargs.get("args", args[2] if len(args) > 2 else None)  # (model, reward_funcs, args, …)
+        with claimed(config):
+            super().__init__(*args, **kwargs)
         self.sorl = SorlLossSettings.of(self.args, overrides)  # type: ignore[attr-defined]
         s = self.sorl
         detectors = detector_config(dict(s.ctn_detectors), DetectorConfig())
