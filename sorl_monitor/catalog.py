@@ -137,31 +137,32 @@ RUN_FIELDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
 """The ``run.json`` fields the ``runs`` view reads, what each must be, and its check (docs/schema.md)."""
 
 
-def read_run_info(run_dir: Path) -> dict[str, Any]:
+def read_run_info(run_dir: Path, shown: str | None = None) -> dict[str, Any]:
     """``run.json`` of a run (or what can be inferred without it), plus its path.
 
     A field of another type than ``RUN_FIELDS`` says (``{"seed": 2**64}``, ``{"status": 5}``) is read as
     null, and a file that is not a JSON object as empty, each with a warning naming the file: one bad
     ``run.json`` never stops the other runs from being read. A seed stored as text is read as its integer
-    where it fits 64 bits, else as null.
+    where it fits 64 bits, else as null. ``shown``: the run as warnings name it (its URI, for a local copy).
     """
     path = run_dir / RUN_FILE
+    named = f"{shown}/{RUN_FILE}" if shown else str(path)
     info: Any = {}
     try:
         info = json.loads(path.read_text())
     except FileNotFoundError:
         pass
     except (OSError, ValueError, RecursionError) as error:
-        warnings.warn(f"unreadable {path}: {first_line(error)}", CorruptPartWarning, stacklevel=2)
+        warnings.warn(f"unreadable {named}: {first_line(error)}", CorruptPartWarning, stacklevel=2)
     if not isinstance(info, dict):
-        warnings.warn(f"{path} is not a JSON object; read as empty", CorruptPartWarning, stacklevel=2)
+        warnings.warn(f"{named} is not a JSON object; read as empty", CorruptPartWarning, stacklevel=2)
         info = {}
     for name, (expected, valid) in RUN_FIELDS.items():
         value = info.get(name)
         if value is not None and not valid(value):
             shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
             warnings.warn(
-                f"{path}: {name} is {shown}, not {expected}; read as null", CorruptPartWarning, stacklevel=2
+                f"{named}: {name} is {shown}, not {expected}; read as null", CorruptPartWarning, stacklevel=2
             )
             info[name] = None
     if isinstance(info.get("seed"), str):
@@ -216,6 +217,12 @@ class RunCatalog:
         self._remote = [(os.fspath(p), storage_options) for p in _as_list(paths) if is_remote(p)]
         """Object-store roots, read through a local copy that ``relist()`` mirrors again (``storage``)."""
         self.roots = [_mirrored(p, storage_options) if is_remote(p) else Path(p) for p in _as_list(paths)]
+        self._uris = {
+            str(root): os.fspath(given).rstrip("/")
+            for root, given in zip(self.roots, _as_list(paths), strict=True)
+            if is_remote(given)
+        }
+        """Each object-store root's local copy → its URI: what warnings and errors name."""
         self.log_options = log_options
         """What the user told the log readers (``--map``, ``--logging-steps``: ``logs.options``)."""
         try:
@@ -235,7 +242,7 @@ class RunCatalog:
         except LogFormatError as error:
             raise QueryError(str(error)) from None
         if not self.run_dirs and not self.foreign:
-            where = ", ".join(str(p) for p in self.roots)
+            where = ", ".join(self.shown(str(p)) for p in self.roots)
             raise QueryError(
                 f"no runs found in {where} (a run is a folder with run.json or steps/, or a log: "
                 "see docs/logs.md)"
@@ -279,10 +286,14 @@ class RunCatalog:
                 if known is None and source.path in self._named_files():
                     raise QueryError(str(error)) from None
                 if known is None:  # one bad log among those found in a folder: the others still read
-                    warnings.warn(f"skipping {source.path}: {error}", CorruptPartWarning, stacklevel=3)
+                    warnings.warn(
+                        self.shown(f"skipping {source.path}: {error}"), CorruptPartWarning, stacklevel=3
+                    )
                     continue
                 warnings.warn(
-                    f"keeping the last read of {source.path}: {error}", CorruptPartWarning, stacklevel=3
+                    self.shown(f"keeping the last read of {source.path}: {error}"),
+                    CorruptPartWarning,
+                    stacklevel=3,
                 )
                 continue
             self._logs[source] = _ForeignLog(stamp, runs)
@@ -295,6 +306,12 @@ class RunCatalog:
     def _named_files(self) -> set[Path]:
         """The logs given by path (not found in a folder): one of them that does not read is an error."""
         return {root.resolve() for root in self.roots if not root.is_dir()}
+
+    def shown(self, text: str) -> str:
+        """``text`` naming object-store runs by their URI, not by their local copy's path."""
+        for local, uri in self._uris.items():
+            text = text.replace(local, uri)
+        return text
 
     def parts(self, table: str) -> Iterable[str]:
         """Readable parts of ``table``: footer checked once (cached), parts replaced by a compaction left out."""
@@ -360,7 +377,8 @@ class RunCatalog:
     def skip(self, path: str, error: BaseException) -> None:
         """Leave the part ``path`` out from now on, with a warning and an entry in ``skipped_parts``."""
         self._skipped[path] = first_line(error)
-        warnings.warn(f"skipping unreadable part {path}: {error}", CorruptPartWarning, stacklevel=5)
+        message = self.shown(f"skipping unreadable part {path}: {error}")
+        warnings.warn(message, CorruptPartWarning, stacklevel=5)
 
     def skipped_parts(self, run_id: str | None = None) -> list[SkippedPart]:
         """The part files left out because they do not read (of ``run_id`` only, if given), by path."""
@@ -405,7 +423,7 @@ class RunCatalog:
         """The ``runs`` table: one row per run (``RUN_COLUMNS``), Parquet runs from ``run.json`` first."""
         rows = []
         for run_dir in self.run_dirs:
-            info = read_run_info(run_dir)
+            info = read_run_info(run_dir, self.shown(str(run_dir)) if self._uris else None)
             config = info.get("config", {})
             rows.append(
                 {
