@@ -124,10 +124,11 @@ def print_verdict(verdict: Verdict) -> None:
     console.print(f"  first critical  {_or_dash(verdict.first_critical)}")
     if verdict.fall_step is not None:
         alarm = verdict.streak_first_critical
+        by = f": {verdict.warned_by['detector']}" if verdict.warned_by else ""
         lead = (
             "no critical alert before it"
             if alarm is None
-            else f"{verdict.lead_time} steps (critical at {alarm})"
+            else f"{verdict.lead_time} steps (critical at {alarm}{by})"
         )
         console.print(f"  lead time       {lead}", highlight=False)
     if verdict.root_cause is not None:

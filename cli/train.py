@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.progress import (
@@ -16,6 +16,9 @@ from rich.progress import (
 )
 
 from sorl_monitor.cli.console import console, fail, require, user_errors
+
+if TYPE_CHECKING:
+    from sorl_monitor.postmortem import Verdict
 
 ALGO_HELP = "ppo | turn_ppo | s_ppo | so_ppo (= st_ppo) | grpo | so_grpo"
 
@@ -143,6 +146,13 @@ DEMO_RUNS = {
 """The demo's runs: name → (TrainConfig fields, what it is)."""
 
 
+def alarm_and_lead(verdict: Verdict) -> tuple[str, str]:
+    """The demo table's alarm and lead cells: the alert the post-mortem counts the lead from (of a run that did
+    not fall, its first critical alert), as ``sorl postmortem`` and the dashboard show it."""
+    alarm = verdict.streak_first_critical if verdict.fall_step is not None else verdict.first_critical
+    return _fmt(alarm), _fmt(verdict.lead_time)
+
+
 def _fmt(value, digits: int = 2) -> str:
     if value is None:
         return "—"
@@ -221,11 +231,13 @@ def demo_command(
                 "SELECT avg(CASE WHEN ctn_active THEN 1.0 ELSE 0.0 END) AS s FROM steps"
             ).to_pylist()
         collapse = f"at {verdict.collapse_step}" if verdict.collapsed else "no"
-        table.add_row(name, _fmt(result["peak"]), _fmt(result["final"]), collapse, _fmt(verdict.first_critical),
-                      _fmt(verdict.lead_time), f"{share[0]['s']:.0%}")  # fmt: skip
+        table.add_row(name, _fmt(result["peak"]), _fmt(result["final"]), collapse, *alarm_and_lead(verdict),
+                      f"{share[0]['s']:.0%}")  # fmt: skip
         remedies[name], causes[name] = verdict.remedy, verdict.root_cause
     console.print(table)
-    console.print("(reward per rollout batch; final = mean of the last 5; steps are updates; alarm = first critical alert. "
+    console.print("(reward per rollout batch; final = mean of the last 5; steps are updates; alarm = the first "
+                  "critical alert of the streak into the fall (of a run that did not fall: its first critical alert), "
+                  "lead = fall start - alarm, as `sorl postmortem` and the dashboard tell it. "
                   "Collapse = the label: "
                   "reward moving average below half its peak for 64+ steps.)",
                   highlight=False)  # fmt: skip

@@ -54,6 +54,14 @@ def warning_alert(onsets: Sequence[dict[str, Any]], event: int, block_steps: int
     return max(before, key=lambda o: o["step"]) if before else None
 
 
+def _streak_alert(verdict: Verdict) -> dict[str, Any] | None:
+    """The alert the post-mortem counts a collapse's lead time from (``Verdict.warned_by``), at the collapse step
+    minus the lead: the CLI and ``sorl demo`` tell the same story."""
+    if verdict.warned_by is None or verdict.lead_time is None:
+        return None
+    return {**verdict.warned_by, "step": verdict.collapse_step - verdict.lead_time}
+
+
 def verdict_line(verdict: Verdict, onsets: Sequence[dict[str, Any]], block_steps: int) -> str:
     """``status · collapsed at step C · first critical: detector at step S (N steps before; message) ·
     root cause: explanation`` (markdown); a healthy run says what its alerts were."""
@@ -62,7 +70,7 @@ def verdict_line(verdict: Verdict, onsets: Sequence[dict[str, Any]], block_steps
     if event is not None:
         what, step = event
         parts.append(f":red[**{'collapsed' if what == 'collapse' else 'diverged'} at step {step}**]")
-        alert = warning_alert(onsets, step, block_steps)
+        alert = warning_alert(onsets, step, block_steps) if what != "collapse" else _streak_alert(verdict)
         if alert is None:
             parts.append("no critical alert before it")
         else:

@@ -8,7 +8,8 @@ every setting). A variant is ``algo[:turn_ratio][+ctn_mode][@field=value,...]``,
 ``so_ppo:mean``, ``ppo+auto``, ``ppo@dual_clip=none``. One run per process (``--jobs`` processes, one thread each); runs already finished under
 ``--log-dir`` with the same settings are read back instead of retrained. Prints one line per run, then a table per setting:
 
-* collapsed: the post-mortem's label (reward below half its peak for 64+ updates, not recovered);
+* collapsed: the post-mortem's label (reward below half its peak for 64+ updates, not recovered within them);
+  "of them recovered": collapses the run later came back from (the verdict's ``came_back_step``);
 * held: the run's reward (moving average over 5 iterations) never fell below 0.7 × its peak after its
   first 10 iterations; worst hold: the lowest such ratio over the seeds;
 * final / peak: mean over the seeds of the last-5-iteration reward and of the peak (5-iteration MA);
@@ -99,6 +100,7 @@ def measure(run_dir: Path, variant: str, setting: str, seed: int, seconds: float
     hold, peak = hold_ratio(rewards)
     tail = rewards[-5:]
     return {"variant": variant, "setting": setting, "seed": seed, "collapsed": verdict.collapsed,
+            "recovered": verdict.came_back_step is not None, "came_back_step": verdict.came_back_step,
             "collapse_step": verdict.collapse_step, "root_cause": verdict.root_cause,
             "final": statistics.fmean(tail) if tail else float("nan"), "peak": peak, "hold": hold,
             "clip_max": clip_max, "grad_max": grad_max, "coef_max": coef_max, "switches": switches,
@@ -184,8 +186,8 @@ def table(rows: list[dict], variants: list[str], setting: str, fields: dict) -> 
     best = max((f for f in finals.values() if not math.isnan(f)), default=float("nan"))
     described = ", ".join(f"{k}={v}" for k, v in fields.items()) or "the trainer's defaults"
     lines = [f"**{setting}** ({described})", "",
-             "| variant | collapsed | held ≥ 0.7 × peak | worst hold | final | peak | gap to best | clip max | grad max | CTN switches | λ max |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "| variant | collapsed | of them recovered | held ≥ 0.7 × peak | worst hold | final | peak | gap to best | clip max | grad max | CTN switches | λ max |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for variant in variants:
         runs = [r for r in mine if r["variant"] == variant]
         if not runs:
@@ -193,7 +195,8 @@ def table(rows: list[dict], variants: list[str], setting: str, fields: dict) -> 
         n = len(runs)
         held = sum(r["hold"] >= HOLD_FRACTION for r in runs)
         lines.append(
-            f"| {variant} | {sum(r['collapsed'] for r in runs)}/{n} | {held}/{n} | {min(r['hold'] for r in runs):.2f} "
+            f"| {variant} | {sum(r['collapsed'] for r in runs)}/{n} | {sum(r.get('recovered', False) for r in runs)} "
+            f"| {held}/{n} | {min(r['hold'] for r in runs):.2f} "
             f"| {finals[variant]:.2f} | {mean(r['peak'] for r in runs):.2f} | {best - finals[variant]:.2f} "
             f"| {mean(r['clip_max'] for r in runs):.2f} | {max(r['grad_max'] for r in runs):.0f} "
             f"| {mean(r['switches'] for r in runs):.1f} | {max(r['coef_max'] for r in runs):g} |"
@@ -227,6 +230,8 @@ def main() -> None:
         for row in pool.imap_unordered(run_one, jobs):
             rows.append(row)
             state = f"COLLAPSED at {row['collapse_step']}" if row["collapsed"] else "stable"
+            if row["recovered"]:
+                state += f", recovered from {row['came_back_step']}"
             print(f"{row['setting']:>8} {row['variant']:>12} s{row['seed']}: {state:<17} final {row['final']:.2f} "
                   f"peak {row['peak']:.2f} hold {row['hold']:.2f} grad_max {row['grad_max']:.0f} "
                   f"({row['seconds']:.0f} s)", flush=True)  # fmt: skip

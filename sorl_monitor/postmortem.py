@@ -231,6 +231,7 @@ held AS (
 ),
 reward_collapse AS (
     SELECT run_id, min(step) AS step, arg_min(peak + floor, step) AS peak, arg_min(reward_ma + floor, step) AS reward_ma,
+           arg_min(peak, step) AS peak_above_floor,
            arg_min(step + $collapse_recovery_steps > last_step, step) AS at_log_end
     FROM held
     WHERE below AND NOT recovers
@@ -244,9 +245,15 @@ nonfinite_loss AS (
 ),
 confirmed AS (
     SELECT s.run_id, least(r.step, n.step) AS step, r.step AS reward_step, n.step AS nonfinite_step,
-           r.peak, r.reward_ma, r.at_log_end
+           r.peak, r.reward_ma, r.at_log_end, r.peak_above_floor
     FROM (SELECT DISTINCT run_id FROM blocks) s
          LEFT JOIN reward_collapse r USING (run_id) LEFT JOIN nonfinite_loss n USING (run_id)
+),
+comebacks AS (  -- after a confirmed reward collapse: back in the peak band of the peak it fell from
+    SELECT c.run_id, min(f.step) AS step
+    FROM confirmed c JOIN flagged f USING (run_id)
+    WHERE c.reward_step IS NOT NULL AND f.step > c.reward_step AND f.reward_ma >= (1 - $peak_band) * c.peak_above_floor
+    GROUP BY c.run_id
 ),
 falls AS (
     SELECT c.run_id,
@@ -268,10 +275,11 @@ runs_seen AS (
     SELECT run_id, max(step) AS last_step, sum(rows_logged)::BIGINT AS updates,
            coalesce(arg_max(below, step), false) AS ends_below,
            arg_max(reward_ma / nullif(peak, 0), step) AS end_reward_share,
+           arg_max(reward_ma + floor, step) AS end_reward,
            list_min(arg_max(step, block, $end_blocks)) AS end_step  -- the last blocks: a top-n, not a sort
     FROM flagged GROUP BY run_id
 )
-SELECT s.run_id, s.updates, s.last_step, s.ends_below, s.end_reward_share, s.end_step,
+SELECT s.run_id, s.updates, s.last_step, s.ends_below, s.end_reward_share, s.end_reward, s.end_step,
        CASE WHEN c.step IS NOT NULL THEN coalesce(least(fs.fall_step, c.step), c.step) END AS collapse_step,
        c.step AS confirmed_step,
        CASE WHEN c.nonfinite_step IS NOT NULL AND (c.reward_step IS NULL OR c.nonfinite_step <= c.reward_step)
@@ -283,9 +291,9 @@ SELECT s.run_id, s.updates, s.last_step, s.ends_below, s.end_reward_share, s.end
         WHERE r.run_id = s.run_id AND r.step <= coalesce(least(fs.fall_step, c.step), fs.ending_fall_step, s.last_step))
            AS recovered_step,
        c.peak AS reward_peak, c.reward_ma AS reward_at_collapse,
-       d.deepest_dip, d.deepest_dip_step
+       d.deepest_dip, d.deepest_dip_step, cb.step AS came_back_step
 FROM runs_seen s LEFT JOIN confirmed c USING (run_id) LEFT JOIN fall_starts fs USING (run_id)
-     LEFT JOIN deepest_dip d USING (run_id)
+     LEFT JOIN deepest_dip d USING (run_id) LEFT JOIN comebacks cb USING (run_id)
 ORDER BY s.run_id
 """.replace("{block}", block_sql("step"))
     .replace("{reused}", REUSED.strip())
@@ -295,7 +303,8 @@ ORDER BY s.run_id
 every 5 steps gets the same label):
 
 * ``updates, last_step``; ``ends_below`` (the last block's reward moving average is below ``collapse_fraction``
-  of its running peak), ``end_reward_share`` (that moving average ÷ the peak), ``end_step`` (the first step of
+  of its running peak), ``end_reward_share`` (that moving average ÷ the peak; ``end_reward``: the moving average
+  itself, on the reward's scale), ``end_step`` (the first step of
   the log's last ``end_blocks`` blocks: "the end of the log");
 * ``confirmed_step``: where the label is confirmed (the moving average over ``collapse_ma_steps`` steps is
   below ``collapse_fraction`` of its running peak and not back within ``collapse_recovery_steps``, or the log
@@ -305,7 +314,9 @@ every 5 steps gets the same label):
 * ``recovered_step``: the last step before the fall at which the moving average came back to its peak band
   after a dip below ``collapse_fraction`` of it (alerts before it belong to a dip the run recovered from);
 * ``ends_collapsed`` (confirmed by the log's end, not by ``collapse_recovery_steps``), ``reward_peak``,
-  ``reward_at_collapse``, ``deepest_dip`` (the lowest moving average ÷ running peak), ``deepest_dip_step``.
+  ``reward_at_collapse``, ``deepest_dip`` (the lowest moving average ÷ running peak), ``deepest_dip_step``;
+* ``came_back_step``: after a confirmed reward collapse, the first step its moving average is back within
+  ``peak_band`` of the peak it fell from (a collapse the run recovered from; null otherwise).
 
 Shares and ratios are of the reward above its floor (module docstring: ``floors``); ``reward_peak`` and
 ``reward_at_collapse`` are on the reward's own scale. Collapse columns are null for a run without one."""
@@ -555,6 +566,12 @@ class Verdict:
     confirmed_step: int | None = None
     fall_step: int | None = None
     streak_first_critical: int | None = None
+    warned_by: dict[str, Any] | None = None
+    """The alert the lead time counts from (``streak_first_critical``): ``detector``, ``step``, ``message``. The
+    CLI, the dashboard and ``sorl demo`` all tell this one story."""
+    came_back_step: int | None = None
+    """For a collapse the run recovered from: the first step its reward moving average was back within
+    ``peak_band`` of the peak it fell from (the status stays ``collapsed``; ``notes`` say where it ended)."""
     divergence_step: int | None = None
     diverging_score: str | None = None
     families_rising: list[str] = field(default_factory=list)
@@ -973,6 +990,13 @@ def postmortem(
     first_critical = _first(summary, None, critical=True)
     cause = explanation = remedy = None
     notes: list[str] = []
+    if status == "collapsed" and label_row["came_back_step"] is not None:
+        ended = label_row["end_reward"]
+        fell_from = label_row["reward_peak"]
+        notes.append(
+            f"recovered: back within {settings.peak_band:.0%} of the peak it fell from ({fell_from:.3g}) from step "
+            f"{label_row['came_back_step']}, ending at {ended:.3g} (came_back_step)"
+        )
     if status in ("collapsed", "collapsing"):
         turn_level = (
             algorithm is not None and algorithm.lower().replace("-", "_") in settings.turn_level_algorithms
@@ -1015,6 +1039,14 @@ def postmortem(
         notes.append(f"diverging: {diverging_score}")
     streak_alarm = _streak_alarm(summary, label_row["recovered_step"], fall_step, _gap(label_row, config))
     lead_time = fall_step - streak_alarm if streak_alarm is not None and fall_step is not None else None
+    warned_by = next(
+        (
+            {"detector": row["detector"], "step": streak_alarm, "message": row["message"]}
+            for row in summary
+            if streak_alarm is not None and streak_alarm in (row["criticals_to_fall"] or [])
+        ),
+        None,
+    )
     return Verdict(
         run_id=run_id,
         algorithm=algorithm,
@@ -1045,6 +1077,8 @@ def postmortem(
         diverging_score=diverging_score,
         families_rising=rising,
         end_signs=end_signs,
+        came_back_step=label_row["came_back_step"] if status == "collapsed" else None,
+        warned_by=warned_by,
     )
 
 

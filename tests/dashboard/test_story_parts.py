@@ -57,19 +57,23 @@ def _verdict(status: str, collapse: int | None, cause: str | None = None) -> Ver
                    "off-policy variance accumulation: the clip fraction grows" if cause else None, None, {})  # fmt: skip
 
 
-def test_a_verdict_in_words_names_the_critical_alert_that_ran_into_the_collapse():
-    """Synthetic onsets: an early critical streak that ended, then one still firing at the collapse."""
+def test_a_verdict_in_words_names_the_alert_the_post_mortem_counts_its_lead_from():
+    """Synthetic onsets that would tell another story (kl_rise at 310 still firing): the line tells the verdict's
+    (issue 44, item 14: `sorl demo` said "alarm 183, lead —" where the dashboard said "turn_clip_rise at 247")."""
     onsets = [
         {"step": 50, "detector": "kl_rise", "severity": "critical", "last": 80, "message": "early"},
-        {"step": 300, "detector": "clip_rise", "severity": "critical", "last": 352, "message": "5× ($x)"},
         {"step": 310, "detector": "kl_rise", "severity": "critical", "last": 360, "message": "later"},
     ]
-    assert warning_alert(onsets, 351, 8)["step"] == 300
-    line = verdict_line(_verdict("collapsed", 351, "off_policy_variance"), onsets, 8)
+    verdict = _verdict("collapsed", 351, "off_policy_variance")
+    verdict.lead_time, verdict.streak_first_critical = 51, 300
+    verdict.warned_by = {"detector": "clip_rise", "step": 300, "message": "5× ($x)"}
+    line = verdict_line(verdict, onsets, 8)
     assert line.startswith(":red[**collapsed at step 351**]")
     assert "first critical: clip_rise at step 300 (51 steps before; 5× (\\$x))" in line
     assert "root cause: off-policy variance accumulation" in line
-    assert warning_alert(onsets[:1], 351, 8)["step"] == 50  # none ran into it: the last one before
+    verdict.warned_by = verdict.lead_time = None
+    assert "no critical alert before it" in verdict_line(verdict, onsets, 8)
+    assert warning_alert(onsets[:1], 351, 8)["step"] == 50  # a divergence's line: the last one before
 
 
 def test_a_status_the_verdict_adds_later_shows_in_words():
