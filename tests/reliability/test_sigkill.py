@@ -16,7 +16,12 @@ from tests.helpers.crash_child import PROGRESS
 from tests.helpers.paths import ROOT
 
 FLUSH_INTERVAL_S = 0.5
-KILL_AFTER_S = (0.9, 1.35, 1.8)  # after the first part: lands anywhere in a flush cycle
+SLACK_S = 2.0
+"""A part write and the scheduling of a busy machine on top of the interval: ~0.4 s lost in all here idle,
+1.1 s seen at a load of 16 on 2 cores; 2 s holds 3× slower and loaded."""
+KILL_AFTER_S = (0.9, 1.35, 3.15)
+"""Seconds after the first part: anywhere in a flush cycle, and once past ``FLUSH_INTERVAL_S + SLACK_S``, so a
+writer that stops after its first part (everything since lost) fails the bound, however fast the machine."""
 
 
 def kill_mid_run(tmp_path, run_name: str, kill_after_s: float) -> dict:
@@ -68,5 +73,5 @@ def test_sigkill_loses_only_the_last_flush_interval_and_every_part_reads(tmp_pat
                         "updates_lost": lost_rows, "seconds_lost": round(lost_s, 3),
                         "updates_per_s": round(rate, 1), "tmp_files_left": leftovers,
                         "turn_updates_persisted": len(turn_steps), "module_updates_persisted": len(module_steps)})  # fmt: skip
-        assert lost_s <= 2 * FLUSH_INTERVAL_S + 0.5  # one interval, plus a write and scheduling slack
+        assert lost_s <= FLUSH_INTERVAL_S + SLACK_S, results[-1]  # one interval, plus a write and scheduling
     record_measurement(flush_interval_s=FLUSH_INTERVAL_S, kills=results)
