@@ -29,7 +29,8 @@ def test_a_runaway_statement_stops_at_its_time_limit(tmp_path):
         query = BackgroundQuery(runs, RUNAWAY, timeout_s=0.5, max_rows=10)
         with pytest.raises(QueryError, match="time limit of 0.5 s"):
             query.result()
-        assert query.elapsed_s < 10
+        # the limit plus a child's kill on a machine 3× slower and busy; unlimited, the join runs for hours
+        assert query.elapsed_s < 0.5 + 9.5
 
 
 def test_cancel_stops_a_runaway_statement_at_once_and_other_queries_never_wait_for_it(tmp_path):
@@ -38,9 +39,10 @@ def test_cancel_stops_a_runaway_statement_at_once_and_other_queries_never_wait_f
         query = BackgroundQuery(runs, RUNAWAY, timeout_s=120, max_rows=10)
         started = time.monotonic()
         assert runs.sql("SELECT count(*) AS n FROM steps").column("n")[0].as_py() == 6
-        assert not query.done(wait_s=0.3)
+        assert not query.done(wait_s=0.3)  # the other query answered while the runaway still ran
         query.cancel()
-        assert query.done(wait_s=5)
+        assert query.done(wait_s=5)  # stopped within seconds of the cancel, not at its 120 s limit
         with pytest.raises(QueryError, match="query stopped"):
             query.result()
-    assert time.monotonic() - started < 10
+    # far below the 120 s limit: no step above waited for the runaway statement to end on its own
+    assert time.monotonic() - started < 120 / 4

@@ -15,7 +15,10 @@ from sorl_monitor.query import QueryError, open_runs
 from tests.helpers.paths import ROOT
 from tests.helpers.runs import write_run
 
-ENDLESS = "SELECT sum(i) FROM range(5000000000000) t(i)"  # minutes of work
+ENDLESS = "SELECT sum(i) FROM range(5000000000000) t(i)"  # minutes of work, on any machine
+SLACK_S = 3.0
+"""Seconds on top of a time limit for the child to be killed and the error to come back, on a machine 3×
+slower and busy (~0.1 s here idle)."""
 HUGE_LIST = "SELECT list(i) AS l FROM range(700000000) t(i)"  # 5.6 GB of integers in one cell
 
 
@@ -29,33 +32,38 @@ def test_a_slow_query_is_stopped_at_its_time_limit_with_one_line(run):
         started = time.monotonic()
         with pytest.raises(QueryError, match=r"^query stopped at its time limit of 0.5 s$"):
             runs.user_sql(ENDLESS, timeout_s=0.5)
-        assert time.monotonic() - started < 3
+        assert time.monotonic() - started < 0.5 + SLACK_S
         assert runs.user_sql("SELECT count(*) AS n FROM steps").column("n")[0].as_py() == 2
 
 
 def test_a_refresh_does_not_wait_for_a_users_query(run, tmp_path, record_measurement):
     with open_runs(tmp_path / "logs") as runs:
         errors: list[BaseException] = []
+        cancel = threading.Event()
 
-        def slow() -> None:
+        def endless() -> None:  # runs until the test cancels it (or its 60 s limit, if the refresh waited)
             try:
-                runs.user_sql(ENDLESS, timeout_s=2.5)
+                runs.user_sql(ENDLESS, timeout_s=60, cancel=cancel)
             except QueryError as error:
                 errors.append(error)
 
-        worker = threading.Thread(target=slow)
+        worker = threading.Thread(target=endless)
         worker.start()
         time.sleep(0.5)
         write_run(tmp_path / "logs", "second", updates=1)  # a new run: the refresh rebuilds every view
         started = time.monotonic()
         assert runs.refresh()
         refresh_s = time.monotonic() - started
+        # before, the refresh waited for the whole query (23.6 s for range(5e12)); now it is done while the
+        # query still runs: a yes or no, not a speed
+        running_after_refresh = worker.is_alive() and not errors
         counted = runs.user_sql("SELECT count(DISTINCT run_id) AS n FROM steps").column("n")[0].as_py()
+        cancel.set()
         worker.join()
     record_measurement(refresh_s_during_a_users_query=round(refresh_s, 3))
-    assert refresh_s < 2, refresh_s  # before: it waited for the whole query (23.6 s for range(5e12))
+    assert running_after_refresh, (refresh_s, errors)
     assert counted == 2
-    assert len(errors) == 1 and "time limit" in str(errors[0])
+    assert len(errors) == 1 and str(errors[0]) == "query stopped"
 
 
 SORL_MEASURING_PEAK = """
