@@ -10,7 +10,10 @@ from sorl_monitor.trainer.config import TrainConfig
 from sorl_monitor.trainer.train import train
 from tests.helpers.tiny_train import tiny
 
-# DESIGN §3: the columns the bundled trainer must fill on every update
+# The columns the bundled trainer must fill on every update (docs/schema.md, "`steps`: one row per optimizer
+# update"): the ratio, clip, KL, entropy, norm, advantage, reward and length statistics every algorithm has,
+# and the trainer-given `loss`, `pg_loss`, `ctn_*`, `lr`, `dual_clip_frac`; with a critic also `vf_loss`,
+# `value_mean`, `return_mean`; and each `turns` row's columns ("`turns`: one row per (update, episode, turn)")
 STEP_COLUMNS = (
     "loss pg_loss ctn_penalty ctn_active ctn_coef lr ratio_mean ratio_min ratio_max ratio_p01 ratio_p99 "
     "log_ratio_std turn_ratio_mean turn_ratio_max seq_ratio_mean clip_frac clip_frac_low clip_frac_high "
