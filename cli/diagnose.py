@@ -104,6 +104,12 @@ def print_verdict(verdict: Verdict) -> None:
     rows = "row" if verdict.updates == 1 else "rows"
     console.print(f"[bold]run {verdict.run_id}[/] ({verdict.algorithm or 'algorithm not recorded'}, "
                   f"{verdict.updates} {rows} logged, last step {_or_dash(verdict.last_step)})", highlight=False)  # fmt: skip
+    if verdict.judged_by and verdict.judged_by.get("column"):
+        judged = verdict.judged_by
+        beside = (
+            f"; the reward it optimizes, {judged['optimized']}, beside it" if judged.get("optimized") else ""
+        )
+        console.print(f"  judged by       {judged['column']} ({judged['why']}{beside})", highlight=False)
     if verdict.collapsed:
         reason = (
             "non-finite loss" if verdict.collapse_reason == "nonfinite_loss" else "reward below half its peak"

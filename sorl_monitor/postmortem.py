@@ -566,6 +566,9 @@ class Verdict:
     confirmed_step: int | None = None
     fall_step: int | None = None
     streak_first_critical: int | None = None
+    judged_by: dict[str, Any] | None = None
+    """For another tool's log: the column the run is judged by (``column``), ``why``, the ``optimized`` reward
+    beside a task score, the ``others`` that might have been (``logs.judged``); ``None`` for the monitor's runs."""
     warned_by: dict[str, Any] | None = None
     """The alert the lead time counts from (``streak_first_critical``): ``detector``, ``step``, ``message``. The
     CLI, the dashboard and ``sorl demo`` all tell this one story."""
@@ -943,6 +946,7 @@ def postmortem(
     settings = postmortem_config or PostmortemConfig()
     info = _run_info(runs, run_id)
     algorithm = info["algorithm"]
+    judged_by = _config(info).get("judged")
     shared = detect_params(SHARED_BLOCKS_SQL, config, run_id)
     with runs.scratch_table(SHARED_BLOCKS_SQL, shared) as blocks:  # one block aggregation for all three
         label = label_collapse(runs, config, run_id, settings, blocks=blocks).to_pylist()
@@ -1028,7 +1032,13 @@ def postmortem(
     else:
         notes = _notes(summary, evidence, label_row["ends_below"], settings)
         if not judged:
-            notes.insert(0, "not judged: no row has a reward (reward_mean), which the collapse label needs")
+            candidates = (judged_by or {}).get("candidates")
+            named = (
+                f"; columns it does log: {', '.join(candidates)} (--map reward=NAME)" if candidates else ""
+            )
+            notes.insert(
+                0, f"not judged: no row has a reward (reward_mean), which the collapse label needs{named}"
+            )
         share, falling = label_row["end_reward_share"], label_row["ending_fall_step"]
         if falling is not None and share is not None:
             notes.append(
@@ -1079,6 +1089,7 @@ def postmortem(
         end_signs=end_signs,
         came_back_step=label_row["came_back_step"] if status == "collapsed" else None,
         warned_by=warned_by,
+        judged_by=judged_by if isinstance(judged_by, dict) else None,
     )
 
 
