@@ -26,6 +26,7 @@ from sorl_monitor.logs import FORMATS, LogOptions
 from sorl_monitor.logs.guards import check_path
 from sorl_monitor.logs.options import config_tables
 from sorl_monitor.query import QueryError, RunSet, open_runs
+from sorl_monitor.storage import StorageError
 
 console = Console()
 err_console = Console(stderr=True)
@@ -72,7 +73,14 @@ def user_errors(func: F) -> F:
                 if isinstance(value, PurePath):
                     check_path(value)
             return func(*args, **kwargs)
-        except (QueryError, ValueError, FileNotFoundError, NotADirectoryError, PermissionError) as error:
+        except (
+            QueryError,
+            StorageError,
+            ValueError,
+            FileNotFoundError,
+            NotADirectoryError,
+            PermissionError,
+        ) as error:
             fail(str(error))
         except OSError as error:
             if error.errno != errno.ENAMETOOLONG:

@@ -119,9 +119,18 @@ _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]{0,127}$")
 _COLUMN = re.compile(r"[^0-9A-Za-z_]+")
 
 
+RESERVED_RUN_IDS = frozenset({".", "..", "verdicts.parquet"})
+"""Names a run folder may not take: ``sorl fleet`` writes its verdict table as ``verdicts.parquet`` beside runs."""
+
+
 def check_run_id(run_id: str) -> str:
-    """Return ``run_id`` if it is a safe folder name (letters, digits, ``._=+-``; no path separators)."""
-    if not isinstance(run_id, str) or not _RUN_ID.match(run_id) or run_id in {".", ".."}:
+    """Return ``run_id`` if it is a safe folder name (letters, digits, ``._=+-``; no path separators; not one of
+    ``RESERVED_RUN_IDS``)."""
+    if run_id == "verdicts.parquet":
+        raise ValueError(
+            f"run name {run_id!r} is not allowed: sorl fleet writes its verdict table under that name"
+        )
+    if not isinstance(run_id, str) or not _RUN_ID.match(run_id) or run_id in RESERVED_RUN_IDS:
         raise ValueError(
             f"run name {run_id!r} is not allowed: use 1–128 letters, digits and . _ = + - "
             "(starting with a letter or digit), no path separators"
