@@ -43,6 +43,7 @@ SHARED_LABELS = {
     # ../shared/real_logs/README.md: the authors' experiment-status table (rho sweep) and the curve or the
     # authors for more/ (all healthy); rho0.10_seed42 is not labelled by its authors.
     "trl-grpo-qwen3.5-9b-rho-sweep/rho0.70_seed44.step_logs.json": ("collapsed", None),
+    "trl-grpo-qwen3.5-9b-rho-sweep/rho0.10_seed42.step_logs.json": ("unlabelled", None),
     **{
         f"trl-grpo-qwen3.5-9b-rho-sweep/rho{rho}_seed{seed}.step_logs.json": ("healthy", None)
         for rho, seeds in (("0.70", (42, 43)), ("1.00", (42, 43, 44)), ("3.00", (42, 43, 44)))
@@ -197,7 +198,7 @@ def table(cases: list[Case], key) -> list[str]:
     groups: dict[str, list[Case]] = defaultdict(list)
     for case in cases:
         groups[key(case)].append(case)
-    lines = ["| group | files open | collapses flagged | healthy with an alarm |", "|---|---|---|---|"]
+    lines = ["| group | runs that open | collapses flagged | healthy with an alarm |", "|---|---|---|---|"]
     for name in sorted(groups):
         lines.append(_row(name, groups[name]))
     lines.append(_row("**all**", cases))
@@ -271,7 +272,13 @@ def main(argv: list[str] | None = None) -> int:
             continue
         judge(case, path)
     present = [c for c in cases if not (c.error or "").startswith("absent")]
-    print(f"# Real dev set: {len(present)} labelled runs scored ({absent} absent here)\n")
+    files = len({c.file for c in present})
+    counts = {
+        label: sum(c.label == label for c in present) for label in ("collapsed", "healthy", "unlabelled")
+    }
+    print(f"# Real dev set: {files} files here, {len(present)} runs ({counts['collapsed']} collapsed, "
+          f"{counts['healthy']} healthy, {counts['unlabelled']} unlabelled, the rest opened only); "
+          f"{absent} runs absent (not committed)\n")  # fmt: skip
     print("By source:\n")
     print("\n".join(table(present, lambda c: c.source)))
     print("\nBy log shape:\n")
