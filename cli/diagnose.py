@@ -99,6 +99,18 @@ KEY_EVIDENCE = (
 """Evidence worth a line in the human-readable verdict (``--json`` has all of it)."""
 
 
+def lead_words(verdict: Verdict) -> str:
+    """The alert a fall was warned by, in the words ``sorl postmortem``, ``sorl demo`` and the dashboard share:
+    the streak's first critical alert, else the last critical alert before the fall, else none."""
+    if verdict.warned_by is not None:
+        return f"critical at {verdict.warned_by['step']}: {verdict.warned_by['detector']}"
+    last = verdict.last_critical_before_fall
+    if last is not None:
+        return (f"no critical alert ran into the fall; the last before it: {last['detector']} at step "
+                f"{last['step']}, {verdict.fall_step - last['step']} steps before")  # fmt: skip
+    return "no critical alert before it"
+
+
 def print_verdict(verdict: Verdict) -> None:
     """The human-readable post-mortem: status, timeline, (for a collapse) cause and remedy, notes, inputs."""
     rows = "row" if verdict.updates == 1 else "rows"
@@ -130,11 +142,8 @@ def print_verdict(verdict: Verdict) -> None:
     console.print(f"  first critical  {_or_dash(verdict.first_critical)}")
     if verdict.fall_step is not None:
         alarm = verdict.streak_first_critical
-        by = f": {verdict.warned_by['detector']}" if verdict.warned_by else ""
         lead = (
-            "no critical alert before it"
-            if alarm is None
-            else f"{verdict.lead_time} steps (critical at {alarm}{by})"
+            f"{verdict.lead_time} steps ({lead_words(verdict)})" if alarm is not None else lead_words(verdict)
         )
         console.print(f"  lead time       {lead}", highlight=False)
     if verdict.root_cause is not None:

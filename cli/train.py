@@ -171,6 +171,7 @@ def demo_command(
     from rich.table import Table
 
     require("torch", "trainer")
+    from sorl_monitor.cli.diagnose import lead_words
     from sorl_monitor.postmortem import postmortem
     from sorl_monitor.query import open_runs
     from sorl_monitor.trainer.config import TrainConfig
@@ -222,7 +223,7 @@ def demo_command(
     table = Table(title="Post-mortems")
     for column in ("run", "peak", "final", "collapse", "alarm", "lead", "CTN on"):
         table.add_column(column, no_wrap=True)
-    remedies, causes = {}, {}
+    remedies, causes, warned = {}, {}, {}
     for name in DEMO_RUNS:
         result = results[name]
         with open_runs(result["run_dir"]) as runs:
@@ -234,6 +235,8 @@ def demo_command(
         table.add_row(name, _fmt(result["peak"]), _fmt(result["final"]), collapse, *alarm_and_lead(verdict),
                       f"{share[0]['s']:.0%}")  # fmt: skip
         remedies[name], causes[name] = verdict.remedy, verdict.root_cause
+        if verdict.fall_step is not None:
+            warned[name] = lead_words(verdict)
     console.print(table)
     console.print("(reward per rollout batch; final = mean of the last 5; steps are updates; alarm = the first "
                   "critical alert of the streak into the fall (of a run that did not fall: its first critical alert), "
@@ -243,7 +246,9 @@ def demo_command(
                   highlight=False)  # fmt: skip
     for name, cause in causes.items():
         if cause:
-            console.print(f"Root cause of {name}'s collapse: {cause}", highlight=False)
+            console.print(
+                f"Root cause of {name}'s collapse: {cause} ({warned.get(name, '')})", highlight=False
+            )
     if remedies["token-ppo"]:
         console.print(f"Remedy suggested for token-ppo: {remedies['token-ppo']}", highlight=False)
     console.print("One seed is one outcome: experiments/collapse_sweep.py measures rates over seeds (README, "

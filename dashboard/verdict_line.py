@@ -71,7 +71,13 @@ def verdict_line(verdict: Verdict, onsets: Sequence[dict[str, Any]], block_steps
         what, step = event
         parts.append(f":red[**{'collapsed' if what == 'collapse' else 'diverged'} at step {step}**]")
         alert = warning_alert(onsets, step, block_steps) if what != "collapse" else _streak_alert(verdict)
-        if alert is None:
+        last = verdict.last_critical_before_fall if what == "collapse" else None
+        if alert is None and last is not None:
+            parts.append(
+                f"no critical alert ran into it; the last before it: {last['detector']} at step {last['step']}"
+                f" ({step - last['step']} steps before)"
+            )
+        elif alert is None:
             parts.append("no critical alert before it")
         else:
             lead = step - alert["step"]

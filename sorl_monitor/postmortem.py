@@ -572,6 +572,9 @@ class Verdict:
     warned_by: dict[str, Any] | None = None
     """The alert the lead time counts from (``streak_first_critical``): ``detector``, ``step``, ``message``. The
     CLI, the dashboard and ``sorl demo`` all tell this one story."""
+    last_critical_before_fall: dict[str, Any] | None = None
+    """The last critical alert at or before the fall's start, in the streak or not (``detector``, ``step``,
+    ``message``): what a fall with no lead was last warned by, told the same way everywhere."""
     came_back_step: int | None = None
     """For a collapse the run recovered from: the first step its reward moving average was back within
     ``peak_band`` of the peak it fell from (the status stays ``collapsed``; ``notes`` say where it ended)."""
@@ -1057,6 +1060,15 @@ def postmortem(
         ),
         None,
     )
+    before_fall = max(
+        (
+            {"detector": row["detector"], "step": row["criticals_to_fall"][0], "message": row["message"]}
+            for row in summary
+            if fall_step is not None and row["criticals_to_fall"]
+        ),
+        key=lambda alert: alert["step"],
+        default=None,
+    )
     return Verdict(
         run_id=run_id,
         algorithm=algorithm,
@@ -1089,6 +1101,7 @@ def postmortem(
         end_signs=end_signs,
         came_back_step=label_row["came_back_step"] if status == "collapsed" else None,
         warned_by=warned_by,
+        last_critical_before_fall=before_fall,
         judged_by=judged_by if isinstance(judged_by, dict) else None,
     )
 

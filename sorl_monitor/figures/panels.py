@@ -71,6 +71,8 @@ DETECTOR_PANEL: dict[str, tuple[str, ...]] = {
     "nonfinite": ("reward_mean",), "diverging": ("reward_mean",),
     "length_rise": ("response_len_mean", "completion_len_mean"),
     "truncation_rise": ("response_len_mean", "completion_len_mean"),
+    "length_collapse": ("response_len_mean", "completion_len_mean"),
+    "reward_hacking": ("reward_mean",), "kl_runaway": ("kl_ref_k3", "kl_ref"),
 }  # fmt: skip
 """Which panel shows each detector's alerts: the one drawing the first of these columns the run logged (an
 alert whose panel is not drawn goes to the first panel). The only place this mapping is kept."""
