@@ -412,6 +412,13 @@ def floor_sql(series: str) -> str:
     return f"(CASE WHEN {low} >= 0 THEN 0 WHEN {low} >= -1 AND {high} <= 1 THEN -1 ELSE {low} END)"
 
 
+def _fall_share(series: str) -> str:
+    """SQL: how far ``series`` has fallen from its running high, as a share of its scale above its floor
+    (``floor_sql``); NULL while the high is at the floor."""
+    high, floor = f"max({series}) OVER history", floor_sql(series)
+    return f"(CASE WHEN {high} > {floor} THEN ({high} - {series}) / ({high} - {floor}) END)"
+
+
 BELOW_PEAK = f"reward_s - {floor_sql('reward_s')} < $echo_below_peak * (max(reward_s) OVER history - {floor_sql('reward_s')})"
 """The reward is below its running peak (above its floor): reward variance dying there is not a converged policy."""
 
@@ -570,9 +577,7 @@ _BASE_DETECTORS: tuple[Detector, ...] = (
         value=f"""CASE WHEN {KNOWN}
                  AND optimized_s - min(optimized_s) OVER history
                      >= $hacking_reward_high * (max(optimized_s) OVER history - min(optimized_s) OVER history)
-                 AND max(reward_ma) OVER history > {floor_sql('reward_ma')}
-                THEN (max(reward_ma) OVER history - reward_ma)
-                     / (max(reward_ma) OVER history - {floor_sql('reward_ma')}) END""",
+                THEN {_fall_share('reward_ma')} END""",
         message="the score fell by %3$.0f %% of its scale while the optimized reward held (threshold %4$.0f %%)",
     ),
     Detector(
@@ -588,12 +593,10 @@ _BASE_DETECTORS: tuple[Detector, ...] = (
     ),
     Detector(
         name="reward_drop", family="reward",
-        description="Reward drop: 1 − R̄ ÷ max R̄ over the history, R̄ the reward's moving average over"
-        " reward_ma_steps steps (fewer early in a run, with its blocks).",
+        description="Reward drop: (max R̄ − R̄) ÷ (max R̄ − floor) over the history (the floor: 0, −1 for a signed"
+        " score, else its low), R̄ the reward's moving average over reward_ma_steps steps (fewer early in a run).",
         signals=("reward",),
-        value=f"""CASE WHEN {KNOWN} AND max(reward_ma) OVER history > {floor_sql('reward_ma')}
-                THEN (max(reward_ma) OVER history - reward_ma)
-                     / (max(reward_ma) OVER history - {floor_sql('reward_ma')}) END""",
+        value=f"CASE WHEN {KNOWN} THEN {_fall_share('reward_ma')} END",
         message="reward moving average fell by %3$.0f %% of its running peak (threshold %4$.0f %%)",
     ),
     Detector(

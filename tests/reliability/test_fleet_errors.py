@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 
 from sorl_monitor.cli import fleet as fleet_cli
 from sorl_monitor.cli.main import app
-from sorl_monitor.local_s3 import SeaweedUnavailable, start_server
 from sorl_monitor.storage import set_default_storage_options
+from tests.helpers.own_s3 import own_server
 from tests.helpers.paths import ROOT, SAMPLE_LOGS
 from tests.helpers.s3_upload import upload_sample_run
 
@@ -73,13 +73,7 @@ def test_an_unreachable_endpoint_is_one_line_and_exit_2(s3_root):
 
 @pytest.mark.slow
 def test_watch_exits_2_in_one_line_on_the_round_after_the_store_goes_down(tmp_path, monkeypatch):
-    try:
-        server = start_server(tmp_path / "weed")
-    except SeaweedUnavailable as reason:
-        pytest.skip(str(reason))
-    for key, value in server.env.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setenv("SORL_CACHE_DIR", str(tmp_path / "cache"))
+    server = own_server(tmp_path, monkeypatch)
     root = f"s3://{server.bucket()}/runs"
     upload_sample_run("so-ppo-auto-ctn", f"{root}/so-ppo-auto-ctn", server.filesystem())
     rounds = []

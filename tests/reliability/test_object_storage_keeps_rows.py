@@ -16,8 +16,9 @@ from typer.testing import CliRunner
 
 from sorl_monitor import Monitor, MonitorWarning
 from sorl_monitor.cli.main import app
-from sorl_monitor.local_s3 import SeaweedUnavailable, start_server
+from sorl_monitor.local_s3 import start_server
 from sorl_monitor.query import open_runs
+from tests.helpers.own_s3 import own_server
 
 
 def steps_in(root: str) -> list[int]:
@@ -43,13 +44,7 @@ def test_a_run_resumed_in_s3_continues_its_part_numbers_and_keeps_both_sessions_
 
 @pytest.fixture
 def restartable_server(tmp_path, monkeypatch):
-    try:
-        server = start_server(tmp_path / "weed")
-    except SeaweedUnavailable as reason:
-        pytest.skip(str(reason))
-    for key, value in server.env.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setenv("SORL_CACHE_DIR", str(tmp_path / "cache"))
+    server = own_server(tmp_path, monkeypatch)
     yield server
     server.stop()
 

@@ -16,10 +16,11 @@ from typer.testing import CliRunner
 from sorl_monitor import fleet
 from sorl_monitor.cli.main import app
 from sorl_monitor.fleet import UNREAD_TABLES, fleet_verdicts
-from sorl_monitor.local_s3 import SeaweedUnavailable, start_server
+from sorl_monitor.local_s3 import start_server
 from sorl_monitor.query import QueryError, open_runs
 from sorl_monitor.ranks import rank_skew
 from sorl_monitor.storage import mirror_down
+from tests.helpers.own_s3 import own_server
 from tests.helpers.s3_ranks import log_updates
 from tests.helpers.s3_upload import upload_sample_run
 
@@ -107,13 +108,7 @@ def test_a_writer_killed_mid_write_leaves_only_whole_objects(s3_server, s3_root)
 def test_a_server_down_mid_run_never_blocks_training_and_loses_no_row(tmp_path, monkeypatch):
     from sorl_monitor import Monitor
 
-    try:
-        server = start_server(tmp_path / "weed")
-    except SeaweedUnavailable as reason:
-        pytest.skip(str(reason))
-    for key, value in server.env.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setenv("SORL_CACHE_DIR", str(tmp_path / "cache"))
+    server = own_server(tmp_path, monkeypatch)
     root = f"s3://{server.bucket()}/runs"
     mon = Monitor(root, "outage", algorithm="ppo", flush_interval_s=0.05)
     try:
