@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from sorl_monitor.query import open_runs
-from sorl_monitor.writer import ParquetStreamWriter
+from sorl_monitor.read.query import open_runs
+from sorl_monitor.write.writer import ParquetStreamWriter
 
 
 class MeasuredWriter(ParquetStreamWriter):

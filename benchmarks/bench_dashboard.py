@@ -52,8 +52,8 @@ from fleet_runs import make_fleet  # noqa: E402  (benchmarks/fleet_runs.py, besi
 
 from sorl_monitor import Monitor  # noqa: E402
 from sorl_monitor.dashboard.live_chart import BUNDLE_ENV  # noqa: E402
-from sorl_monitor.live import LiveRuns  # noqa: E402
-from sorl_monitor.run_list import VerdictList  # noqa: E402
+from sorl_monitor.diagnose.live import LiveRuns  # noqa: E402
+from sorl_monitor.read.run_list import VerdictList  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 CHART = ".st-key-overview iframe"

@@ -4,7 +4,7 @@
 
 The runs are the bundled trainer's real runs in ``sample_logs/`` replicated (copy ``i`` of run ``r`` is
 ``r`` with its run id renamed to ``r-i``: real rows, repeated). Prints, per engine and store, the wall time of
-``sorl_monitor.fleet.fleet_verdicts`` from a cold start (no previous table; for Ray, ``ray.init`` and the
+``sorl_monitor.diagnose.fleet.fleet_verdicts`` from a cold start (no previous table; for Ray, ``ray.init`` and the
 workers' start included, as a user feels it), the per-run cost (wall time × jobs ÷ runs), the machine's
 load average as it started, the local engine's CPU time per run (this process and its pool; it holds when
 other work shares the cores, wall time does not), and what N idle machines of this kind would take from
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from sorl_monitor.fleet import fleet_verdicts  # noqa: E402
+from sorl_monitor.diagnose.fleet import fleet_verdicts  # noqa: E402
 
 SAMPLE_LOGS = ROOT / "sample_logs"
 

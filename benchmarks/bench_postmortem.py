@@ -37,10 +37,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from sorl_monitor.detectors import ArrowDetector  # noqa: E402
-from sorl_monitor.guard import CtnGuard  # noqa: E402
-from sorl_monitor.postmortem import postmortem  # noqa: E402
-from sorl_monitor.query import open_runs  # noqa: E402
+from sorl_monitor.diagnose.detectors import ArrowDetector  # noqa: E402
+from sorl_monitor.diagnose.postmortem import postmortem  # noqa: E402
+from sorl_monitor.read.query import open_runs  # noqa: E402
+from sorl_monitor.remedy.ctn_guard import CtnGuard  # noqa: E402
 from sorl_monitor.schema import RUN_FILE, TABLES  # noqa: E402
 
 SAMPLE_LOGS = ROOT / "sample_logs"
@@ -161,8 +161,8 @@ import json, os, sys, time
 sys.path.insert(0, sys.argv[1])
 os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])
 import sorl_monitor
-from sorl_monitor.postmortem import postmortem
-from sorl_monitor.query import open_runs
+from sorl_monitor.diagnose.postmortem import postmortem
+from sorl_monitor.read.query import open_runs
 times = {}
 started, cpu = time.perf_counter(), time.process_time()
 with open_runs(sys.argv[2]) as runs:

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from sorl_monitor import Monitor
 from sorl_monitor.schema import TURN_FLOAT_COLUMNS, conform
-from sorl_monitor.writer import ParquetStreamWriter
+from sorl_monitor.write.writer import ParquetStreamWriter
 
 
 def turn_payload(rng: np.random.Generator, step: int, n: int) -> dict[str, object]:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from sorl_monitor.verdict_table import VERDICTS_FILE, read_verdicts, sorted_verdicts, write_verdicts
+from sorl_monitor.read.verdict_table import VERDICTS_FILE, read_verdicts, sorted_verdicts, write_verdicts
 
 SAMPLE_LOGS = Path(__file__).resolve().parents[1] / "sample_logs"
 

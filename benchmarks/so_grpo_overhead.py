@@ -29,7 +29,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM, TrainerCallback  # noqa:
 
 from sorl_monitor import Monitor  # noqa: E402
 from sorl_monitor.integrations.trl_so_grpo import SORLGRPOConfig, SORLGRPOTrainer  # noqa: E402
-from sorl_monitor.objective import ObjectiveSettings, policy_objective  # noqa: E402
+from sorl_monitor.remedy.objective import ObjectiveSettings, policy_objective  # noqa: E402
 
 GENERATIONS, COMPLETION, PASSES = 8, 64, 4
 

@@ -23,9 +23,9 @@ from rich.table import Table
 from rich.text import Text
 
 from sorl_monitor.logs import FORMATS, LogOptions
-from sorl_monitor.logs.guards import check_path
+from sorl_monitor.logs.input_limits import check_path
 from sorl_monitor.logs.options import config_tables
-from sorl_monitor.query import QueryError, RunSet, open_runs
+from sorl_monitor.read.query import QueryError, RunSet, open_runs
 from sorl_monitor.storage import StorageError
 
 console = Console()

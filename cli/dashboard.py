@@ -45,11 +45,11 @@ from sorl_monitor.dashboard.launch_settings import (
     STORAGE_OPTIONS_ENV,
     VERDICTS_ENV,
 )
+from sorl_monitor.diagnose.postmortem import load_configs
 from sorl_monitor.logs import FORMATS, detect_format
-from sorl_monitor.logs.guards import check_path
-from sorl_monitor.postmortem import load_configs
+from sorl_monitor.logs.input_limits import check_path
+from sorl_monitor.read.verdict_table import VERDICTS_FILE, load_verdicts
 from sorl_monitor.storage import StorageError, default_storage_options, filesystem, is_remote
-from sorl_monitor.verdict_table import VERDICTS_FILE, load_verdicts
 
 APP = Path(dashboard.__file__).resolve().parent / "app.py"
 

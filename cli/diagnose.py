@@ -28,13 +28,13 @@ from sorl_monitor.cli.console import (
     require,
     user_errors,
 )
-from sorl_monitor.detectors import DetectorConfig
-from sorl_monitor.live import LiveRuns
+from sorl_monitor.diagnose.detectors import DetectorConfig
+from sorl_monitor.diagnose.live import LiveRuns
+from sorl_monitor.diagnose.postmortem import PostmortemConfig, Verdict, load_configs
+from sorl_monitor.diagnose.postmortem import postmortem as run_postmortem
 from sorl_monitor.logs import LogOptions
 from sorl_monitor.notify import Notifier, alert_text, collapse_text
-from sorl_monitor.postmortem import PostmortemConfig, Verdict, load_configs
-from sorl_monitor.postmortem import postmortem as run_postmortem
-from sorl_monitor.query import RunSet
+from sorl_monitor.read.query import RunSet
 
 EXIT_HEALTHY = 0
 """``sorl postmortem``: healthy, no collapse labelled (alerts may still be listed as notes)."""
@@ -213,7 +213,7 @@ def report(
 ) -> None:
     """One self-contained HTML page (opens offline) with the curves, alerts and verdict of each run."""
     require("plotly", "dashboard")
-    from sorl_monitor.report import build_report
+    from sorl_monitor.dashboard.report import build_report
 
     configs = _configs(config_file, set_)
     if html_path.is_dir():

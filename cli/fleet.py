@@ -1,4 +1,4 @@
-"""``sorl fleet``: the post-mortem of every run under a folder, as one verdict table (``sorl_monitor.fleet``)."""
+"""``sorl fleet``: the post-mortem of every run under a folder, as one verdict table (``sorl_monitor.diagnose.fleet``)."""
 
 from __future__ import annotations
 
@@ -12,17 +12,17 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from sorl_monitor.cli.console import err_console, fail, print_table, user_errors
 from sorl_monitor.cli.core import output_format
 from sorl_monitor.cli.diagnose import EXIT_COLLAPSE, EXIT_HEALTHY, ConfigOption, SetOption
-from sorl_monitor.fleet import ENGINES, fleet_verdicts
-from sorl_monitor.logs.guards import check_path
-from sorl_monitor.query import QueryError
-from sorl_monitor.storage import StorageError, default_storage_options, filesystem, is_remote
-from sorl_monitor.verdict_table import (
+from sorl_monitor.diagnose.fleet import ENGINES, fleet_verdicts
+from sorl_monitor.logs.input_limits import check_path
+from sorl_monitor.read.query import QueryError
+from sorl_monitor.read.verdict_table import (
     VERDICTS_FILE,
     check_table_path,
     read_verdicts,
     verdicts_file,
     write_verdicts,
 )
+from sorl_monitor.storage import StorageError, default_storage_options, filesystem, is_remote
 
 ALARMING = ("collapsed", "collapsing", "diverging")
 """Statuses that make ``sorl fleet`` exit with ``EXIT_COLLAPSE`` (a CI gate over a whole fleet)."""

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
-    from sorl_monitor.monitor import Monitor
+    from sorl_monitor.write.monitor import Monitor
 
 from sorl_monitor.cli.console import (
     LogFormatOption,
@@ -36,7 +36,7 @@ from sorl_monitor.logs.ingest import (
 from sorl_monitor.logs.row_kinds import file_has_kinds
 from sorl_monitor.logs.table import ForeignRun
 from sorl_monitor.logs.verl import parse_record
-from sorl_monitor.query import QueryError, open_runs
+from sorl_monitor.read.query import QueryError, open_runs
 from sorl_monitor.schema import check_run_id
 
 FIRST_LINE_LIMIT = 1 << 20
@@ -83,7 +83,7 @@ def open_monitor(
     log_dir: Path, run_name: str, source: LogSource, config: dict, algorithm: str | None
 ) -> Monitor:
     require("torch", "torch")
-    from sorl_monitor.monitor import Monitor
+    from sorl_monitor.write.monitor import Monitor
 
     config = {**config, "source": str(source.path), "format": source.format}
     try:

@@ -18,7 +18,7 @@ from rich.progress import (
 from sorl_monitor.cli.console import console, fail, require, user_errors
 
 if TYPE_CHECKING:
-    from sorl_monitor.postmortem import Verdict
+    from sorl_monitor.diagnose.postmortem import Verdict
 
 ALGO_HELP = "ppo | turn_ppo | s_ppo | so_ppo (= st_ppo) | grpo | so_grpo"
 
@@ -86,8 +86,8 @@ def train_command(
     The config file, then --set, then the named options. Exit status: 0 healthy, 3 collapsed, 2 bad input.
     """
     require("torch", "trainer")
-    from sorl_monitor.postmortem import postmortem
-    from sorl_monitor.query import open_runs
+    from sorl_monitor.diagnose.postmortem import postmortem
+    from sorl_monitor.read.query import open_runs
     from sorl_monitor.trainer.config import TrainConfig, load_config, with_settings
     from sorl_monitor.trainer.train import train
 
@@ -172,8 +172,8 @@ def demo_command(
 
     require("torch", "trainer")
     from sorl_monitor.cli.diagnose import lead_words
-    from sorl_monitor.postmortem import postmortem
-    from sorl_monitor.query import open_runs
+    from sorl_monitor.diagnose.postmortem import postmortem
+    from sorl_monitor.read.query import open_runs
     from sorl_monitor.trainer.config import TrainConfig
     from sorl_monitor.trainer.parallel import train_many
 

@@ -10,9 +10,9 @@ import streamlit as st
 
 from sorl_monitor.dashboard import view_parts
 from sorl_monitor.dashboard.verdict_line import escape, plain
+from sorl_monitor.diagnose.live import LiveRuns
+from sorl_monitor.diagnose.postmortem import Verdict
 from sorl_monitor.figures.overview import OverviewOptions
-from sorl_monitor.live import LiveRuns
-from sorl_monitor.postmortem import Verdict
 
 VERDICT_WAIT_S = 1.0
 """How long a page run waits for a post-mortem in progress before showing the last one (or a note)."""

@@ -1,6 +1,6 @@
 """The sorl-monitor dashboard: ``sorl dashboard LOG_DIR`` starts it (Streamlit, bound to 127.0.0.1).
 
-Layout only: the data (incremental reads, detectors, verdict) lives in ``sorl_monitor.live``, the figures
+Layout only: the data (incremental reads, detectors, verdict) lives in ``sorl_monitor.diagnose.live``, the figures
 in ``sorl_monitor.figures``. Each view is a tab that runs only when open; live views are fragments that
 redraw themselves in place every ``--refresh`` seconds.
 """
@@ -21,12 +21,12 @@ from sorl_monitor.dashboard import (
 )
 from sorl_monitor.dashboard.launch_settings import LOG_DIR_ENV
 from sorl_monitor.dashboard.launch_settings import settings as read_settings
+from sorl_monitor.diagnose.live import LiveRuns
+from sorl_monitor.diagnose.timeline import FAMILY_ORDER
 from sorl_monitor.figures.overview import OverviewOptions
 from sorl_monitor.figures.panels import OVERVIEW_PANELS
 from sorl_monitor.figures.series import X_AXES
-from sorl_monitor.live import LiveRuns
-from sorl_monitor.run_list import VerdictList
-from sorl_monitor.timeline import FAMILY_ORDER
+from sorl_monitor.read.run_list import VerdictList
 
 VIEWS = {
     "Overview": overview_view.render,

@@ -1,6 +1,6 @@
 """The sidebar over a fleet (a folder holding ``sorl fleet``'s verdict table): the run list read from the
 table, filtered by status and a search, most urgent first. Only the runs a viewer picks are opened
-(``sorl_monitor.run_list``; ``LiveRuns(run_paths=...)``)."""
+(``sorl_monitor.read.run_list``; ``LiveRuns(run_paths=...)``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import streamlit as st
 
 from sorl_monitor.dashboard import view_parts
 from sorl_monitor.dashboard.verdict_line import ALARMING, colored_status, plain, status_words
-from sorl_monitor.run_list import UNJUDGED, ListedRun, VerdictList, filter_runs, status_counts
+from sorl_monitor.read.run_list import UNJUDGED, ListedRun, VerdictList, filter_runs, status_counts
 
 SHOWN = 30
 """Runs the list draws (the first of the filtered list); the picker offers all of them."""

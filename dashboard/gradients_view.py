@@ -7,10 +7,10 @@ from collections.abc import Sequence
 import streamlit as st
 
 from sorl_monitor.dashboard import view_parts
+from sorl_monitor.diagnose.live import LiveRuns
 from sorl_monitor.figures.modules import module_norms_figure
 from sorl_monitor.figures.overview import OverviewOptions
 from sorl_monitor.figures.series import XAxis
-from sorl_monitor.live import LiveRuns
 
 
 def render(live: LiveRuns, run_ids: Sequence[str], refresh_s: float | None, options: OverviewOptions) -> None:

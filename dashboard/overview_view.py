@@ -9,10 +9,10 @@ import streamlit as st
 
 from sorl_monitor.dashboard import view_parts
 from sorl_monitor.dashboard.verdict_line import ALARMING, colored_status, plain, verdict_line
+from sorl_monitor.diagnose.live import LiveRuns, RunInfo
 from sorl_monitor.figures.notes import length_note, log_zero_notes
 from sorl_monitor.figures.overview import OverviewOptions, overview_figure
 from sorl_monitor.figures.panels import logged_panels
-from sorl_monitor.live import LiveRuns, RunInfo
 
 LEGEND = (
     "Top lane: a row per detector family, ▲ warning ✕ critical at the first alert of each streak (hover: "

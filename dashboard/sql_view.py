@@ -8,11 +8,11 @@ from collections.abc import Sequence
 import pyarrow.csv as pacsv
 import streamlit as st
 
-from sorl_monitor.background_query import BackgroundQuery
 from sorl_monitor.dashboard import view_parts
 from sorl_monitor.dashboard.launch_settings import settings
+from sorl_monitor.diagnose.live import LiveRuns
 from sorl_monitor.figures.overview import OverviewOptions
-from sorl_monitor.live import LiveRuns
+from sorl_monitor.read.sql.background import BackgroundQuery
 
 MAX_ROWS = 10_000
 """Rows fetched, shown and offered as CSV (a statement with more is cut here, and the page says so)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sorl_monitor.postmortem import Verdict
+from sorl_monitor.diagnose.postmortem import Verdict
 
 ALARMING = ("collapsing", "diverging", "collapsed")
 """Statuses that need a look first, most urgent first (the sidebar and the first page order runs by them)."""

@@ -17,12 +17,12 @@ import streamlit as st
 from sorl_monitor.dashboard.launch_settings import Settings
 from sorl_monitor.dashboard.live_chart import basic_enough, live_chart
 from sorl_monitor.dashboard.verdict_line import plain
-from sorl_monitor.live import LiveRuns
+from sorl_monitor.diagnose.live import LiveRuns
+from sorl_monitor.diagnose.postmortem import load_configs
 from sorl_monitor.logs import LogOptions
 from sorl_monitor.logs.options import config_tables
-from sorl_monitor.postmortem import load_configs
-from sorl_monitor.query import QueryError
-from sorl_monitor.run_list import VerdictList
+from sorl_monitor.read.query import QueryError
+from sorl_monitor.read.run_list import VerdictList
 
 logger = logging.getLogger("sorl_monitor.dashboard")
 

@@ -85,8 +85,8 @@ def hold_ratio(rewards: list[float]) -> tuple[float, float]:
 
 def measure(run_dir: Path, variant: str, setting: str, seed: int, seconds: float) -> dict:
     """The sweep's row for one finished run (collapse label from the post-mortem, rewards per iteration)."""
-    from sorl_monitor.postmortem import postmortem
-    from sorl_monitor.query import open_runs
+    from sorl_monitor.diagnose.postmortem import postmortem
+    from sorl_monitor.read.query import open_runs
 
     with open_runs(run_dir) as runs:
         verdict = postmortem(runs, run_dir.name)

@@ -2,7 +2,7 @@
 
     python experiments/detector_eval.py --corpus experiments/corpus [--real ../shared/real_logs] [--json out.json]
 
-Each run is labelled by the post-mortem's collapse label (``sorl_monitor.postmortem.label_collapse``: the
+Each run is labelled by the post-mortem's collapse label (``sorl_monitor.diagnose.postmortem.label_collapse``: the
 reward moving average below half its running peak without recovery, or a non-finite loss), which no
 detector sees. The **collapse step** is where the fall starts: the last step, at or before the label's step,
 at which the reward (averaged over ``FALL_MA_STEPS``) was still at least ``FALL_LEVEL`` of its running peak,
@@ -68,9 +68,9 @@ for folder in (ROOT, ROOT / "experiments"):
 
 import log_shapes  # noqa: E402
 
-from sorl_monitor.detectors import DetectorConfig, detect, get_detectors, load_config  # noqa: E402
-from sorl_monitor.postmortem import PostmortemConfig, label_collapse, postmortem  # noqa: E402
-from sorl_monitor.query import QueryError, RunSet, open_runs  # noqa: E402
+from sorl_monitor.diagnose.detectors import DetectorConfig, detect, get_detectors, load_config  # noqa: E402
+from sorl_monitor.diagnose.postmortem import PostmortemConfig, label_collapse, postmortem  # noqa: E402
+from sorl_monitor.read.query import QueryError, RunSet, open_runs  # noqa: E402
 
 FITTED: dict[str, tuple[float, ...]] = {
     "clip_rise_critical": (3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 15.0, 20.0, math.inf),

@@ -25,8 +25,8 @@ for path in (ROOT, ROOT / "experiments"):
 
 import detector_eval  # noqa: E402
 
-from sorl_monitor.detectors import DetectorConfig, detect, load_config  # noqa: E402
-from sorl_monitor.query import open_runs  # noqa: E402
+from sorl_monitor.diagnose.detectors import DetectorConfig, detect, load_config  # noqa: E402
+from sorl_monitor.read.query import open_runs  # noqa: E402
 
 COUNTS = (1.0, 2.0, 3.0, 4.0, 5.0, math.inf)
 """``diverging_critical`` values tried: critical from 2, 3, 4, 5, 6 families together, or off."""

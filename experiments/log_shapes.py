@@ -18,7 +18,7 @@ The corpus runs log one row per optimizer update. Real trainers do not:
   run at a random point from just after its fall starts to well after its label, a stable run at a random
   point in the last 70 % of its updates (``cut_point``).
 
-Metric names: where a trainer's name table (``sorl_monitor.names``) holds a name for exactly the
+Metric names: where a trainer's name table (``sorl_monitor.metric_names``) holds a name for exactly the
 quantity a column holds, the column is written under that name (``entropy`` as ``actor/entropy``,
 ``kl_ref_k3`` as TRL's ``kl``); every other column keeps its schema name, which the readers keep as it is.
 Reading the files back goes through the same readers a user's logs go through (``sorl_monitor.logs``).
@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from sorl_monitor.names import TRL_NAMES, VERL_NAMES
+from sorl_monitor.metric_names import TRL_NAMES, VERL_NAMES
 
 SHAPES = ("update", "batch", "every5", "cut")
 """The logging shapes scored: as the bundled trainer logs (one row per update), and as real trainers do."""

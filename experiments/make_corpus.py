@@ -151,7 +151,7 @@ def export(runs_dir: Path, target: Path, name: Callable[[dict], str | None] | No
     """
     import pyarrow.parquet as pq
 
-    from sorl_monitor.query import open_runs
+    from sorl_monitor.read.query import open_runs
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()  # fmt: skip

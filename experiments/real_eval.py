@@ -29,10 +29,10 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 
-from sorl_monitor.detectors import DetectorConfig
+from sorl_monitor.diagnose.detectors import DetectorConfig
+from sorl_monitor.diagnose.postmortem import postmortem
 from sorl_monitor.logs import LogWarning
-from sorl_monitor.postmortem import postmortem
-from sorl_monitor.query import open_runs
+from sorl_monitor.read.query import open_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = ROOT / "experiments" / "real_logs" / "manifest.jsonl"

@@ -32,9 +32,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import real_eval  # noqa: E402
 
-from sorl_monitor.detectors import DETECTOR_NAMES, DetectorConfig, detect  # noqa: E402
+from sorl_monitor.diagnose.detectors import DETECTOR_NAMES, DetectorConfig, detect  # noqa: E402
 from sorl_monitor.logs import LogWarning  # noqa: E402
-from sorl_monitor.query import open_runs  # noqa: E402
+from sorl_monitor.read.query import open_runs  # noqa: E402
 
 GRID: dict[str, tuple[float, ...]] = {
     "entropy_rise": (4.0, 6.0, 8.0, 12.0, 16.0, math.inf),

@@ -43,8 +43,8 @@ for folder in (ROOT, ROOT / "experiments"):
 
 import detector_eval  # noqa: E402
 
-from sorl_monitor.detectors import DetectorConfig  # noqa: E402
-from sorl_monitor.query import open_runs  # noqa: E402
+from sorl_monitor.diagnose.detectors import DetectorConfig  # noqa: E402
+from sorl_monitor.read.query import open_runs  # noqa: E402
 
 BLOCK = 8
 FIRST_JUDGED = 16

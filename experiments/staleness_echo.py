@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sorl_monitor.query import open_runs  # noqa: E402
+from sorl_monitor.read.query import open_runs  # noqa: E402
 
 
 def dips(rewards: list[float], iterations: list[int]) -> list[float]:

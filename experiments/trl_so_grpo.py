@@ -183,7 +183,7 @@ def run_name(variant: str, seed: int) -> str:
 
 def iterations_logged(run_dir: Path) -> int:
     """Generation batches with at least one logged update (a run stopped early has fewer than ``--steps``)."""
-    from sorl_monitor.query import open_runs
+    from sorl_monitor.read.query import open_runs
 
     with open_runs(run_dir) as runs:
         return int(runs.sql("SELECT count(DISTINCT iteration) AS n FROM steps").to_pylist()[0]["n"])

@@ -5,7 +5,7 @@ Public API (imported on first use, so reading runs never imports torch):
 - ``open_runs``: DuckDB views ``runs, steps, turns, modules, alerts`` over written runs;
 - ``detect``, ``DetectorConfig``, ``CtnGuard``, ``postmortem``, ``PostmortemConfig``: collapse precursors,
   the live CTN guard, and the root-cause post-mortem;
-- ``sorl_monitor.metrics``: the metric definitions, pure torch functions.
+- ``sorl_monitor.write.metrics``: the metric definitions, pure torch functions.
 """
 
 from __future__ import annotations
@@ -16,17 +16,17 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "Monitor": "sorl_monitor.monitor",
-    "MonitorWarning": "sorl_monitor.monitor",
-    "WriterConfig": "sorl_monitor.writer",
-    "open_runs": "sorl_monitor.query",
-    "QueryError": "sorl_monitor.query",
-    "detect": "sorl_monitor.detectors",
-    "DetectorConfig": "sorl_monitor.detectors",
-    "CtnGuard": "sorl_monitor.guard",
-    "postmortem": "sorl_monitor.postmortem",
-    "PostmortemConfig": "sorl_monitor.postmortem",
-    "Verdict": "sorl_monitor.postmortem",
+    "Monitor": "sorl_monitor.write.monitor",
+    "MonitorWarning": "sorl_monitor.write.monitor",
+    "WriterConfig": "sorl_monitor.write.writer",
+    "open_runs": "sorl_monitor.read.query",
+    "QueryError": "sorl_monitor.read.query",
+    "detect": "sorl_monitor.diagnose.detectors",
+    "DetectorConfig": "sorl_monitor.diagnose.detectors",
+    "CtnGuard": "sorl_monitor.remedy.ctn_guard",
+    "postmortem": "sorl_monitor.diagnose.postmortem",
+    "PostmortemConfig": "sorl_monitor.diagnose.postmortem",
+    "Verdict": "sorl_monitor.diagnose.postmortem",
 }
 __all__ = [*_EXPORTS, "__version__"]
 

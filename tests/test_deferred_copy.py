@@ -16,10 +16,11 @@ from pathlib import Path
 
 import torch
 
-from sorl_monitor import Monitor, transfer
-from sorl_monitor.in_flight import MAX_IN_FLIGHT
-from sorl_monitor.metrics import update_metrics
-from sorl_monitor.query import open_runs
+from sorl_monitor import Monitor
+from sorl_monitor.read.query import open_runs
+from sorl_monitor.write import transfer
+from sorl_monitor.write.in_flight import MAX_IN_FLIGHT
+from sorl_monitor.write.metrics import update_metrics
 from tests.helpers.deferred_copy import hold, small_model, synthetic_update
 
 ROOT = Path(__file__).resolve().parents[1]

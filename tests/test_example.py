@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sorl_monitor.query import open_runs
+from sorl_monitor.read.query import open_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "plain_pytorch.py"

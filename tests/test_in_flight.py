@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from sorl_monitor import transfer
-from sorl_monitor.in_flight import InFlight
+from sorl_monitor.write import transfer
+from sorl_monitor.write.in_flight import InFlight
 from tests.helpers.deferred_copy import HeldEvent
 
 

@@ -1,4 +1,4 @@
-"""``sorl_monitor.metrics`` agrees with a naive per-token reference on awkward random batches."""
+"""``sorl_monitor.write.metrics`` agrees with a naive per-token reference on awkward random batches."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from sorl_monitor import metrics as M
+from sorl_monitor.write import metrics as M
 
 EPS = 0.2
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from sorl_monitor import Monitor, MonitorWarning, WriterConfig
-from sorl_monitor.module_tracker import module_group
-from sorl_monitor.query import open_runs
+from sorl_monitor.read.query import open_runs
+from sorl_monitor.write.module_tracker import module_group
 from tests.helpers.runs import write_run
 
 

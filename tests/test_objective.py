@@ -1,4 +1,4 @@
-"""The shared policy objective (``sorl_monitor.objective``) against hand computations on hand-made tensors."""
+"""The shared policy objective (``sorl_monitor.remedy.objective``) against hand computations on hand-made tensors."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from sorl_monitor.objective import (
+from sorl_monitor.remedy.objective import (
     AdaptiveCtnCoef,
     ObjectiveSettings,
     kl_k3_capped,

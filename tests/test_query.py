@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sorl_monitor.query import CorruptPartWarning, QueryError, metric_summary, open_runs, run_overview
+from sorl_monitor.read.query import CorruptPartWarning, QueryError, metric_summary, open_runs, run_overview
 from tests.helpers.runs import write_run
 
 
@@ -137,7 +137,7 @@ def test_overview_and_summary(tmp_path):
 
 INTERRUPTED_QUERY = """
 import os, signal, sys, threading, time
-from sorl_monitor.query import open_runs
+from sorl_monitor.read.query import open_runs
 runs = open_runs(sys.argv[1])
 started = threading.Event()
 def interrupt():  # Ctrl-C once the query runs, again every 2 s in case a slow machine had not reached it yet

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from sorl_monitor import Monitor
-from sorl_monitor.query import CorruptPartWarning, PartsRead, open_runs
+from sorl_monitor.read.query import CorruptPartWarning, PartsRead, open_runs
 
 
 def log_updates(mon: Monitor, n: int) -> None:

@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from sorl_monitor.query import QueryError, SharedDatabase, open_runs
+from sorl_monitor.read.query import QueryError, SharedDatabase, open_runs
 from sorl_monitor.schema import TABLES
 from tests.helpers.runs import write_run
 

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from sorl_monitor.postmortem import CAUSES, remedy_for, trainer_family
+from sorl_monitor.diagnose.postmortem import CAUSES, remedy_for, trainer_family
 from sorl_monitor.trainer.config import TrainConfig
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sorl_monitor import catalog
-from sorl_monitor.query import open_runs
+from sorl_monitor.read import catalog
+from sorl_monitor.read.query import open_runs
 from sorl_monitor.schema import has_flush_gaps
-from sorl_monitor.writer import ParquetStreamWriter
+from sorl_monitor.write.writer import ParquetStreamWriter
 
 
 def written(run: Path, flushes: int) -> list[Path]:

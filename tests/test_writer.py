@@ -15,9 +15,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from sorl_monitor import Monitor, MonitorWarning
-from sorl_monitor.query import open_runs
+from sorl_monitor.read.query import open_runs
 from sorl_monitor.schema import visible_parts
-from sorl_monitor.writer import ParquetStreamWriter
+from sorl_monitor.write.writer import ParquetStreamWriter
 
 ROOT = Path(__file__).resolve().parents[1]
 

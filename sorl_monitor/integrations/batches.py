@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from sorl_monitor.monitor import Monitor
+from sorl_monitor.write.monitor import Monitor
 
 
 @dataclass

@@ -33,11 +33,11 @@ import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from sorl_monitor.integrations.batches import TokenBatch, concat_batches, log_batch
-from sorl_monitor.module_tracker import ModuleNormTracker, pre_clip_norms
-from sorl_monitor.monitor import Monitor
-from sorl_monitor.names import TAP_MEASURED, map_metrics, names_for
-from sorl_monitor.transfer import to_host
+from sorl_monitor.metric_names import TAP_MEASURED, map_metrics, names_for
 from sorl_monitor.warn import WarnOnce
+from sorl_monitor.write.module_tracker import ModuleNormTracker, pre_clip_norms
+from sorl_monitor.write.monitor import Monitor
+from sorl_monitor.write.transfer import to_host
 
 Detector = Callable[[pa.Table], "pa.Table | Iterable[Mapping[str, Any]]"]
 """Recent ``steps`` rows → alerts, each with ``step, detector, severity, value, threshold, message``."""

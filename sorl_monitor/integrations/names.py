@@ -1,3 +1,3 @@
-"""The trainers' metric name tables moved to ``sorl_monitor.names``; this path keeps working for older imports."""
+"""The trainers' metric name tables moved to ``sorl_monitor.metric_names``; this path keeps working for older imports."""
 
-from sorl_monitor.names import *  # noqa: F403
+from sorl_monitor.metric_names import *  # noqa: F403

@@ -25,9 +25,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from sorl_monitor.integrations.verl import config_dict
-from sorl_monitor.monitor import Monitor
-from sorl_monitor.names import names_for
+from sorl_monitor.metric_names import names_for
 from sorl_monitor.warn import WarnOnce, warn
+from sorl_monitor.write.monitor import Monitor
 
 Names = str | Mapping[str, str] | None
 

@@ -38,8 +38,8 @@ from trl import GRPOTrainer
 
 from sorl_monitor.integrations.batches import TokenBatch
 from sorl_monitor.integrations.hf import SorlCallback
-from sorl_monitor.metrics import group_reward_stats
-from sorl_monitor.monitor import Monitor
+from sorl_monitor.write.metrics import group_reward_stats
+from sorl_monitor.write.monitor import Monitor
 
 CLIPPED_LOSSES = frozenset({"grpo", "bnpo", "dr_grpo", "dapo", "luspo"})
 """TRL loss types with PPO's two-sided clip, where ``clip_ratio/*`` is logged."""

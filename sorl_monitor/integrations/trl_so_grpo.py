@@ -6,7 +6,7 @@
                               ctn="auto")                             # any SO-GRPO field may also come here
     trainer.train()
 
-``loss_type="so_grpo"`` replaces TRL's policy loss by the shared objective (``sorl_monitor.objective``):
+``loss_type="so_grpo"`` replaces TRL's policy loss by the shared objective (``sorl_monitor.remedy.objective``):
 the turn-level ratio ``w̄_k`` (``turn_is``, on by default; turns = the runs of 1 in TRL's ``completion_mask ×
 tool_mask``, so each model turn between tool outputs is one turn), clip, optional dual-clip, CTN, and (with
 ``turn_advantage``) the per-turn group advantage in place of TRL's per-completion one. Both terms are token
@@ -42,12 +42,11 @@ import torch
 from torch import Tensor
 from trl import GRPOConfig, GRPOTrainer
 
-from sorl_monitor.detectors import DetectorConfig
-from sorl_monitor.detectors import config_from_mapping as detector_config
-from sorl_monitor.guard import ARMED, CtnGuard, GuardDecision
+from sorl_monitor.diagnose.detectors import DetectorConfig
+from sorl_monitor.diagnose.detectors import config_from_mapping as detector_config
 from sorl_monitor.integrations.trl import CLIPPED_LOSSES, SO_GRPO, TokenTapMixin, update_keys
-from sorl_monitor.metrics import masked_mean, turn_ids_from_mask
-from sorl_monitor.objective import (
+from sorl_monitor.remedy.ctn_guard import ARMED, CtnGuard, GuardDecision
+from sorl_monitor.remedy.objective import (
     TURN_RATIO_FORMS,
     AdaptiveCtnCoef,
     ObjectiveSettings,
@@ -56,6 +55,7 @@ from sorl_monitor.objective import (
     surrogate_ratio,
     turn_group_advantages,
 )
+from sorl_monitor.write.metrics import masked_mean, turn_ids_from_mask
 
 CTN_MODES = ("off", "on", "auto")
 

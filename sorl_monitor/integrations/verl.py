@@ -37,9 +37,9 @@ from torch.utils.hooks import RemovableHandle
 from sorl_monitor.integrations.batches import TokenBatch, concat_batches, log_batch
 from sorl_monitor.logs.ingest import IngestReport, ingest_lines
 from sorl_monitor.logs.verl import parse_record
-from sorl_monitor.monitor import Monitor
-from sorl_monitor.names import TAP_MEASURED, map_metrics, names_for
+from sorl_monitor.metric_names import TAP_MEASURED, map_metrics, names_for
 from sorl_monitor.warn import WarnOnce, warn
+from sorl_monitor.write.monitor import Monitor
 
 VERL_LOSS_PARAMETERS = (
     "old_log_prob",

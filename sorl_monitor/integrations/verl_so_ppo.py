@@ -6,7 +6,7 @@
     # then: actor_rollout_ref.actor.policy_loss.loss_mode=so_ppo   (or so_grpo, with algorithm.adv_estimator=grpo)
 
 ``register_sorl_loss`` registers ``so_ppo`` and ``so_grpo`` with verl's ``register_policy_loss``: the shared
-objective (``sorl_monitor.objective``) on the turn-level ratio ``w̄_k``, turns = the runs of 1 in verl's
+objective (``sorl_monitor.remedy.objective``) on the turn-level ratio ``w̄_k``, turns = the runs of 1 in verl's
 ``response_mask`` (its agent loop marks LLM tokens 1, tool/observation tokens 0), clip with verl's
 ``clip_ratio_low``/``clip_ratio_high``, dual-clip with ``clip_ratio_c`` (as verl's ``vanilla``), verl's
 ``rollout_is_weights`` on the surrogate when rollout correction is on, the log-ratio clamped to ±20 as verl
@@ -30,11 +30,10 @@ from typing import Any
 
 import torch
 
-from sorl_monitor.detectors import DetectorConfig
-from sorl_monitor.guard import ARMED, CtnGuard, GuardDecision
+from sorl_monitor.diagnose.detectors import DetectorConfig
 from sorl_monitor.integrations.verl import MonitoredPolicyLoss, config_value
-from sorl_monitor.metrics import clip_fraction, masked_mean
-from sorl_monitor.objective import (
+from sorl_monitor.remedy.ctn_guard import ARMED, CtnGuard, GuardDecision
+from sorl_monitor.remedy.objective import (
     TURN_RATIO_FORMS,
     AdaptiveCtnCoef,
     kl_k3_capped,
@@ -42,6 +41,7 @@ from sorl_monitor.objective import (
     surrogate_ratio,
     turn_ids_from_mask,
 )
+from sorl_monitor.write.metrics import clip_fraction, masked_mean
 
 LOSS_NAMES = ("so_ppo", "so_grpo")
 VERL_LOG_RATIO_CLAMP = 20.0

@@ -29,12 +29,12 @@ from sorl_monitor.logs import (
     verl_console,
     wandb,
 )
-from sorl_monitor.logs.detect import detect_file, detect_folder, is_run_dir
+from sorl_monitor.logs.formats import detect_file, detect_folder, is_run_dir
 from sorl_monitor.logs.judged import JUDGED, judge
 from sorl_monitor.logs.options import LogOptions, apply_names, source_column
 from sorl_monitor.logs.signal_names import infer_signals
 from sorl_monitor.logs.table import ForeignRun, LogFormatError, LogWarning, run_name, unique_ids
-from sorl_monitor.names import OLDER_NAMES
+from sorl_monitor.metric_names import OLDER_NAMES
 
 FORMATS = (
     "sorl",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from sorl_monitor.logs.sniff import head
+from sorl_monitor.logs.file_head import head
 
 ANSI = re.compile(rb"\x1b\[[0-9;?]*[ -/]*[@-~]")
 """An ANSI control sequence (colour, cursor movement): ESC ``[``, parameters, one final byte."""

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import pyarrow.compute as pc
 
 from sorl_monitor.logs import LogSource, fingerprint, read_source
-from sorl_monitor.logs.guards import json_loads
+from sorl_monitor.logs.input_limits import json_loads
 from sorl_monitor.logs.options import LogOptions
 from sorl_monitor.logs.table import (
     DROPPED_COLUMNS,
@@ -29,7 +29,7 @@ from sorl_monitor.logs.table import (
     step_column,
     without_trainer_prefix,
 )
-from sorl_monitor.names import guess_family, map_metrics
+from sorl_monitor.metric_names import guess_family, map_metrics
 from sorl_monitor.schema import KEYS
 
 LINE_FORMATS = ("verl", "jsonl")

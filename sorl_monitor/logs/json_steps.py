@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sorl_monitor.logs.guards import json_loads
+from sorl_monitor.logs.input_limits import json_loads
 from sorl_monitor.logs.table import (
     ForeignRun,
     LogFormatError,

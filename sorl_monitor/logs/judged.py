@@ -96,7 +96,7 @@ def candidates(run: ForeignRun) -> dict[str, list[str]]:
 
 def _source_name(run: ForeignRun, column: str) -> str:
     """The name the log gave ``column`` (the run's name table read backwards), else the column."""
-    from sorl_monitor.names import names_for
+    from sorl_monitor.metric_names import names_for
 
     if run.family:
         for name, mapped in names_for(run.family).items():

@@ -23,7 +23,7 @@ from typing import Any
 import pyarrow as pa
 
 from sorl_monitor.logs.table import ForeignRun
-from sorl_monitor.names import names_for
+from sorl_monitor.metric_names import names_for
 from sorl_monitor.schema import STEP_METRICS, column_name
 
 ALIASES = {

@@ -19,8 +19,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sorl_monitor.logs.guards import json_loads
-from sorl_monitor.logs.sniff import first_json_line, head
+from sorl_monitor.logs.file_head import first_json_line, head
+from sorl_monitor.logs.input_limits import json_loads
 from sorl_monitor.logs.table import (
     STEP_COLUMNS,
     WALL_TIME_COLUMNS,

@@ -21,8 +21,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sorl_monitor.logs.guards import parse_number
-from sorl_monitor.names import guess_family, map_metrics, scalar
+from sorl_monitor.logs.input_limits import parse_number
+from sorl_monitor.metric_names import guess_family, map_metrics, scalar
 from sorl_monitor.schema import metric_column
 
 STEP_COLUMNS = (

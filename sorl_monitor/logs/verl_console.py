@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from sorl_monitor.logs.console import console_lines, console_text, scan_head
-from sorl_monitor.logs.sniff import complete_lines
+from sorl_monitor.logs.file_head import complete_lines
 from sorl_monitor.logs.table import NO_STEPS, ForeignRun, LogWarning, foreign_run, pivot, split_runs
 from sorl_monitor.schema import metric_column
 

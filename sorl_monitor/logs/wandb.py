@@ -20,8 +20,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sorl_monitor.logs import csvlog, jsonl
-from sorl_monitor.logs.guards import json_loads
-from sorl_monitor.logs.sniff import csv_header, first_json_line, head, text_kind
+from sorl_monitor.logs.file_head import csv_header, first_json_line, head, text_kind
+from sorl_monitor.logs.input_limits import json_loads
 from sorl_monitor.logs.table import (
     ForeignRun,
     LogFormatError,

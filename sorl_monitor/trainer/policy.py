@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from sorl_monitor.metrics import entropy_from_logits
+from sorl_monitor.write.metrics import entropy_from_logits
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from sorl_monitor.guard import ARMED, CtnGuard, GuardDecision
-from sorl_monitor.monitor import Monitor
-from sorl_monitor.objective import AdaptiveCtnCoef
+from sorl_monitor.remedy.ctn_guard import ARMED, CtnGuard, GuardDecision
+from sorl_monitor.remedy.objective import AdaptiveCtnCoef
 from sorl_monitor.trainer.algorithms import Algorithm, get_algorithm
 from sorl_monitor.trainer.algorithms.minibatch_loss import LossSettings, LossTerms, Minibatch
 from sorl_monitor.trainer.config import TrainConfig
@@ -35,6 +34,7 @@ from sorl_monitor.trainer.env import Episodes, SearchEnv
 from sorl_monitor.trainer.policy import PolicyOutput, PolicyWithValue
 from sorl_monitor.trainer.rollout import collect
 from sorl_monitor.trainer.warmstart import cached_warm_start, warm_start
+from sorl_monitor.write.monitor import Monitor
 
 
 @dataclass

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import torch
 
-from sorl_monitor.metrics import masked_mean
 from sorl_monitor.trainer.env import SearchEnv
 from sorl_monitor.trainer.policy import PolicyWithValue
+from sorl_monitor.write.metrics import masked_mean
 
 NLL_WINDOW = 20
 """Batches the warm start's stopping rule averages the cross-entropy over."""

@@ -12,8 +12,8 @@ import pytest
 from sorl_monitor import Monitor
 from sorl_monitor.dashboard import sql_view, view_parts
 from sorl_monitor.dashboard.launch_settings import SQL_TIMEOUT_ENV
-from sorl_monitor.postmortem import postmortem
-from sorl_monitor.query import open_runs
+from sorl_monitor.diagnose.postmortem import postmortem
+from sorl_monitor.read.query import open_runs
 from tests.helpers.dashboard_app import (
     GUARDED,
     STABLE,

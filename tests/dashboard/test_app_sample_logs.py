@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from sorl_monitor.postmortem import label_collapse
-from sorl_monitor.query import open_runs
+from sorl_monitor.diagnose.postmortem import label_collapse
+from sorl_monitor.read.query import open_runs
 from tests.helpers.dashboard_app import charts, open_app, page_text, wait_for_verdicts
 
 SAMPLE_LOGS = Path(__file__).resolve().parents[2] / "sample_logs"

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from sorl_monitor.dashboard.live_chart import _BASIC_JS
+from sorl_monitor.diagnose.live import LiveRuns
 from sorl_monitor.figures.overview import OverviewOptions, overview_figure
-from sorl_monitor.live import LiveRuns
 from tests.helpers.browser import ARGS, CHROMIUM
 from tests.helpers.paths import SAMPLE_LOGS
 

@@ -18,7 +18,7 @@ from sorl_monitor.dashboard.launch_settings import (
     SQL_TIMEOUT_ENV,
     VERDICTS_ENV,
 )
-from sorl_monitor.verdict_table import verdict_table, write_verdicts
+from sorl_monitor.read.verdict_table import verdict_table, write_verdicts
 from tests.helpers.browser import free_port
 from tests.helpers.dashboard_launch import stub_launch
 

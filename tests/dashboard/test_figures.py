@@ -10,15 +10,15 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from sorl_monitor.detectors import DETECTOR_NAMES
+from sorl_monitor.diagnose.detectors import DETECTOR_NAMES
+from sorl_monitor.diagnose.live import LiveRuns
+from sorl_monitor.diagnose.timeline import Timeline, family_of
 from sorl_monitor.figures.modules import module_norms_figure
 from sorl_monitor.figures.overview import OverviewOptions, RunCurves, overview_figure
 from sorl_monitor.figures.panels import DETECTOR_PANEL, OVERVIEW_PANELS
 from sorl_monitor.figures.series import LOG_TICKS, log_axis
 from sorl_monitor.figures.style import MISSING_CELL, RUN_COLORS, SEVERITY_STYLE
 from sorl_monitor.figures.turns import StepRatios, ratio_distribution_figure, turn_heatmap_figure
-from sorl_monitor.live import LiveRuns
-from sorl_monitor.timeline import Timeline, family_of
 from tests.helpers.dashboard_app import GUARDED, STABLE
 
 

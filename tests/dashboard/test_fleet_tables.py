@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from sorl_monitor.cli.main import app as cli
 from sorl_monitor.dashboard.launch_settings import LOG_DIR_ENV, VERDICTS_ENV
-from sorl_monitor.verdict_table import read_verdicts
+from sorl_monitor.read.verdict_table import read_verdicts
 from tests.helpers.browser import free_port
 from tests.helpers.dashboard_app import assert_clean, charts, open_app, page_text
 from tests.helpers.dashboard_launch import stub_launch

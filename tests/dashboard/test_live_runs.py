@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from sorl_monitor import Monitor
-from sorl_monitor import live as live_module
-from sorl_monitor.detectors import detect
-from sorl_monitor.live import LiveRuns, latest_reused_step
-from sorl_monitor.postmortem import label_collapse, postmortem
-from sorl_monitor.query import open_runs
-from sorl_monitor.views import Views
+from sorl_monitor.diagnose import live as live_module
+from sorl_monitor.diagnose.detectors import detect
+from sorl_monitor.diagnose.live import LiveRuns, latest_reused_step
+from sorl_monitor.diagnose.postmortem import label_collapse, postmortem
+from sorl_monitor.read.query import open_runs
+from sorl_monitor.read.views import Views
 from tests.helpers.dashboard_app import GUARDED
 from tests.helpers.synthetic import KEYS, PATTERNS, collapse_reward, stable_rows, write_rows
 

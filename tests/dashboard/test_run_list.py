@@ -1,4 +1,4 @@
-"""The fleet's run list (``sorl_monitor.run_list``) on SYNTHETIC verdict tables: order, filters, search,
+"""The fleet's run list (``sorl_monitor.read.run_list``) on SYNTHETIC verdict tables: order, filters, search,
 run folders newer than the table, and reading the table again only when it changed."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 import os
 from pathlib import Path
 
-from sorl_monitor.run_list import UNJUDGED, VerdictList, filter_runs, status_counts
-from sorl_monitor.verdict_table import VERDICTS_FILE, verdict_table, write_verdicts
+from sorl_monitor.read.run_list import UNJUDGED, VerdictList, filter_runs, status_counts
+from sorl_monitor.read.verdict_table import VERDICTS_FILE, verdict_table, write_verdicts
 
 
 def synthetic_fleet(root: Path, statuses: dict[str, str]) -> None:

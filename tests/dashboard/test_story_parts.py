@@ -11,12 +11,12 @@ import pytest
 from sorl_monitor.dashboard import links
 from sorl_monitor.dashboard.overview_view import most_urgent
 from sorl_monitor.dashboard.verdict_line import status_words, verdict_line, warning_alert
+from sorl_monitor.diagnose.live import RunInfo
+from sorl_monitor.diagnose.postmortem import Verdict
+from sorl_monitor.diagnose.timeline import alert_onsets
 from sorl_monitor.figures.notes import flat_range, flat_value, length_note, log_zero_notes
 from sorl_monitor.figures.overview import lane_marks
 from sorl_monitor.figures.panels import OVERVIEW_PANELS
-from sorl_monitor.live import RunInfo
-from sorl_monitor.postmortem import Verdict
-from sorl_monitor.timeline import alert_onsets
 from tests.helpers.paths import NINE_B
 
 DEFAULTS = links.Choice(("b",), "Overview", "step", 0, ("KL",), ("ratio", "kl"))
@@ -122,7 +122,7 @@ def test_a_flat_panel_gets_a_range_that_shows_its_value():
 @pytest.mark.skipif(not NINE_B.is_file(), reason="the real 9B TRL log is not on this machine")
 def test_the_9b_collapse_reads_as_its_log_shows(tmp_path):
     """The real TRL log: 24 of 40 grad norms exactly 0; completions fell after the collapse."""
-    from sorl_monitor.live import LiveRuns
+    from sorl_monitor.diagnose.live import LiveRuns
 
     (tmp_path / NINE_B.name).write_bytes(NINE_B.read_bytes())
     live = LiveRuns(str(tmp_path))

@@ -14,8 +14,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from sorl_monitor.detectors import DetectorConfig
-from sorl_monitor.query import open_runs
+from sorl_monitor.diagnose.detectors import DetectorConfig
+from sorl_monitor.read.query import open_runs
 from tests.helpers.synthetic import (
     ONSET,
     PATTERNS,

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from sorl_monitor import Monitor
-from sorl_monitor.detectors import (
+from sorl_monitor.diagnose.detectors import (
     ALERT_COLUMNS,
     DETECTOR_NAMES,
     FAMILY_NAMES,
@@ -21,8 +21,8 @@ from sorl_monitor.detectors import (
     get_detectors,
     load_config,
 )
-from sorl_monitor.postmortem import load_configs
-from sorl_monitor.query import open_runs
+from sorl_monitor.diagnose.postmortem import load_configs
+from sorl_monitor.read.query import open_runs
 from tests.helpers.synthetic import (
     KEYS,
     ONSET,

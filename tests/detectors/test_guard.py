@@ -7,8 +7,8 @@ import time
 import pyarrow as pa
 import pytest
 
-from sorl_monitor.detectors import DetectorConfig, detect
-from sorl_monitor.guard import CtnGuard
+from sorl_monitor.diagnose.detectors import DetectorConfig, detect
+from sorl_monitor.remedy.ctn_guard import CtnGuard
 from tests.helpers.synthetic import ONSET, PATTERNS, stable_rows
 
 WINDOW = 512

@@ -10,10 +10,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sorl_monitor import guard_screen
-from sorl_monitor.detectors import ArrowDetector, DetectorConfig, get_detectors
-from sorl_monitor.guard import DEFAULT_TRIP_ON, CtnGuard
-from sorl_monitor.guard_screen import FOLDS, SQL_CHECKED, GuardScreen, sql_fingerprint
+from sorl_monitor.diagnose.detectors import ArrowDetector, DetectorConfig, get_detectors
+from sorl_monitor.remedy import ctn_guard_screen as guard_screen
+from sorl_monitor.remedy.ctn_guard import DEFAULT_TRIP_ON, CtnGuard
+from sorl_monitor.remedy.ctn_guard_screen import FOLDS, SQL_CHECKED, GuardScreen, sql_fingerprint
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = [

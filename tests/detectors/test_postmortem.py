@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from sorl_monitor.detectors import DetectorConfig
-from sorl_monitor.postmortem import CAUSES, PostmortemConfig, label_collapse, postmortem
-from sorl_monitor.query import QueryError, open_runs
+from sorl_monitor.diagnose.detectors import DetectorConfig
+from sorl_monitor.diagnose.postmortem import CAUSES, PostmortemConfig, label_collapse, postmortem
+from sorl_monitor.read.query import QueryError, open_runs
 from tests.helpers.synthetic import (
     KEYS,
     ONSET,

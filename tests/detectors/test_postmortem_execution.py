@@ -21,8 +21,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from sorl_monitor import postmortem as pm
-from sorl_monitor.detectors import (
+from sorl_monitor.diagnose import postmortem as pm
+from sorl_monitor.diagnose.detectors import (
     HISTORY_WINDOW,
     DetectorConfig,
     detect,
@@ -30,7 +30,7 @@ from sorl_monitor.detectors import (
     detect_sql,
     ma_span_sql,
 )
-from sorl_monitor.query import open_runs
+from sorl_monitor.read.query import open_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 REAL_9B_COLLAPSE = (

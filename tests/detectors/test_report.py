@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import html
 
+from sorl_monitor.dashboard.report import verdict_html
+from sorl_monitor.diagnose.postmortem import postmortem
+from sorl_monitor.diagnose.timeline import alert_onsets, ctn_spans
 from sorl_monitor.notify import OnsetFilter
-from sorl_monitor.postmortem import postmortem
-from sorl_monitor.query import open_runs
-from sorl_monitor.report import verdict_html
-from sorl_monitor.timeline import alert_onsets, ctn_spans
+from sorl_monitor.read.query import open_runs
 from tests.helpers.synthetic import pattern_rows, write_rows
 
 

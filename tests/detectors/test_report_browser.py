@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from sorl_monitor.query import open_runs
-from sorl_monitor.report import FIGURES_PER_RUN, write_report
+from sorl_monitor.dashboard.report import FIGURES_PER_RUN, write_report
+from sorl_monitor.read.query import open_runs
 from tests.helpers.synthetic import collapse_reward, pattern_rows, stable_rows, write_rows
 
 CHROMIUM = Path("/usr/bin/chromium")

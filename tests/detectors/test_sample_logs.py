@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from sorl_monitor.postmortem import CAUSES, label_collapse, postmortem
-from sorl_monitor.query import open_runs
+from sorl_monitor.diagnose.postmortem import CAUSES, label_collapse, postmortem
+from sorl_monitor.read.query import open_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE_LOGS = ROOT / "sample_logs"

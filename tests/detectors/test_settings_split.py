@@ -12,9 +12,9 @@ import pytest
 from typer.testing import CliRunner
 
 from sorl_monitor.cli.main import app
-from sorl_monitor.detectors import OLD_NAMES, DetectorConfig, load_config
-from sorl_monitor.postmortem import PostmortemConfig, label_collapse, load_configs
-from sorl_monitor.query import open_runs
+from sorl_monitor.diagnose.detectors import OLD_NAMES, DetectorConfig, load_config
+from sorl_monitor.diagnose.postmortem import PostmortemConfig, label_collapse, load_configs
+from sorl_monitor.read.query import open_runs
 from tests.helpers.synthetic import collapse_reward, stable_rows, write_rows
 
 POSTMORTEM_SETTINGS = {

@@ -8,8 +8,8 @@ import json
 import sys
 from pathlib import Path
 
-from sorl_monitor.monitor import Monitor
-from sorl_monitor.query import open_runs
+from sorl_monitor.read.query import open_runs
+from sorl_monitor.write.monitor import Monitor
 from tests.helpers.synthetic import KEYS, stable_rows
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -20,9 +20,9 @@ from typer.testing import CliRunner
 
 from sorl_monitor.cli.diagnose import EXIT_CODES
 from sorl_monitor.cli.main import app
-from sorl_monitor.detectors import DIVERGING_FAMILIES, DetectorConfig, detect
-from sorl_monitor.postmortem import PostmortemConfig, postmortem
-from sorl_monitor.query import open_runs
+from sorl_monitor.diagnose.detectors import DIVERGING_FAMILIES, DetectorConfig, detect
+from sorl_monitor.diagnose.postmortem import PostmortemConfig, postmortem
+from sorl_monitor.read.query import open_runs
 from tests.helpers.synthetic import (
     ONSET,
     RISING,
@@ -76,7 +76,7 @@ def test_the_diverging_score_counts_the_families_rising_together_synthetic(tmp_p
 
 
 def test_the_synthetic_families_are_one_of_each():
-    from sorl_monitor.detectors import get_detectors
+    from sorl_monitor.diagnose.detectors import get_detectors
 
     assert len({d.family for d in get_detectors(RISING)}) == len(RISING)
 

@@ -8,9 +8,9 @@ import json
 import math
 from pathlib import Path
 
-from sorl_monitor.detectors import DetectorConfig, detect
-from sorl_monitor.postmortem import postmortem
-from sorl_monitor.query import open_runs
+from sorl_monitor.diagnose.detectors import DetectorConfig, detect
+from sorl_monitor.diagnose.postmortem import postmortem
+from sorl_monitor.read.query import open_runs
 
 
 def verl_log(path: Path, rows: list[dict]) -> Path:

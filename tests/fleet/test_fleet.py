@@ -13,11 +13,11 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from sorl_monitor import fleet
 from sorl_monitor.cli.main import app
-from sorl_monitor.fleet import fleet_verdicts
-from sorl_monitor.query import open_runs
-from sorl_monitor.verdict_table import VERDICT_COLUMNS, VERDICTS_FILE, write_verdicts
+from sorl_monitor.diagnose import fleet
+from sorl_monitor.diagnose.fleet import fleet_verdicts
+from sorl_monitor.read.query import open_runs
+from sorl_monitor.read.verdict_table import VERDICT_COLUMNS, VERDICTS_FILE, write_verdicts
 
 SAMPLE_LOGS = Path(__file__).resolve().parents[2] / "sample_logs"
 COMPARED = [
@@ -58,7 +58,7 @@ def test_every_run_gets_a_row_most_urgent_first_and_a_bad_run_is_an_error_row(lo
 
 
 def test_each_row_is_the_runs_own_postmortem(fleet_dir, local_table):
-    from sorl_monitor.postmortem import postmortem
+    from sorl_monitor.diagnose.postmortem import postmortem
 
     with open_runs(fleet_dir / "token-ppo") as runs:
         verdict = postmortem(runs, "token-ppo")
@@ -79,8 +79,8 @@ JUDGED = [
 def sample_fleet(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict]]:
     """Every run in ``sample_logs/`` (real runs of the bundled trainer), and what ``sorl postmortem`` says of
     each: ``open_runs`` of the run alone, default options, then ``postmortem``."""
-    from sorl_monitor.fleet import _verdict_row
-    from sorl_monitor.postmortem import postmortem
+    from sorl_monitor.diagnose.fleet import _verdict_row
+    from sorl_monitor.diagnose.postmortem import postmortem
 
     root = tmp_path_factory.mktemp("sample_fleet")
     expected = {}

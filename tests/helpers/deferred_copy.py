@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from sorl_monitor import transfer
+from sorl_monitor.write import transfer
 
 
 @dataclass

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from sorl_monitor import CtnGuard, Monitor
-from sorl_monitor.detectors import ArrowDetector
+from sorl_monitor.diagnose.detectors import ArrowDetector
 from tests.helpers.tiny_pg import CLIP_EPS, SEQ, VOCAB, TinyPolicy, policy_positions, rollout
 
 CTN_COEF = 1.0

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from sorl_monitor import Monitor
 from sorl_monitor.logs import ForeignRun
-from sorl_monitor.names import guess_family, map_metrics
-from sorl_monitor.query import open_runs
+from sorl_monitor.metric_names import guess_family, map_metrics
+from sorl_monitor.read.query import open_runs
 
 SKIPPED = {"run_id", "rank", "step", "wall_time"}
 

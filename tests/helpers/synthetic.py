@@ -19,9 +19,9 @@ import numpy as np
 import pyarrow as pa
 
 from sorl_monitor import Monitor
-from sorl_monitor.detectors import DetectorConfig, get_detectors
-from sorl_monitor.postmortem import postmortem
-from sorl_monitor.query import open_runs
+from sorl_monitor.diagnose.detectors import DetectorConfig, get_detectors
+from sorl_monitor.diagnose.postmortem import postmortem
+from sorl_monitor.read.query import open_runs
 
 ONSET = 250
 """Step at which a pattern starts."""

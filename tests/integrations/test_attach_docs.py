@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from sorl_monitor import Monitor
 from sorl_monitor.cli.main import app
-from sorl_monitor.query import open_runs
+from sorl_monitor.read.query import open_runs
 from tests.helpers import trainer_hooks
 from tests.helpers.tiny_lm import (
     NanAfterTwoSteps,

@@ -10,7 +10,7 @@ from transformers import Trainer
 
 from sorl_monitor import Monitor, MonitorWarning
 from sorl_monitor.integrations.hf import SorlCallback
-from sorl_monitor.query import open_runs
+from sorl_monitor.read.query import open_runs
 from tests.helpers.hf_trainer import make_trainer
 
 

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from sorl_monitor import Monitor, MonitorWarning
-from sorl_monitor.query import open_runs
+from sorl_monitor.read.query import open_runs
 
 
 def test_log_modules_writes_one_row_per_module_at_the_given_step(tmp_path):

@@ -8,8 +8,8 @@ import pyarrow as pa
 import pytest
 import torch.multiprocessing as mp
 
-from sorl_monitor.query import QueryError, open_runs
-from sorl_monitor.ranks import metric_across_ranks, rank_skew
+from sorl_monitor.read.query import QueryError, open_runs
+from sorl_monitor.read.ranks import metric_across_ranks, rank_skew
 from tests.helpers.two_ranks import UPDATES, run_rank
 
 WORLD = 2

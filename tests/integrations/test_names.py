@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from sorl_monitor.names import (
+from sorl_monitor.metric_names import (
     NAME_TABLES,
     TRL_NAMES,
     UNMAPPED,

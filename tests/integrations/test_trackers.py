@@ -15,7 +15,7 @@ from sorl_monitor.integrations.trackers import (
     install_openrlhf_logger,
     install_prime_rl_monitor,
 )
-from sorl_monitor.query import open_runs
+from sorl_monitor.read.query import open_runs
 from tests.helpers import trainer_hooks
 
 

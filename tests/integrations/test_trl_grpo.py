@@ -17,7 +17,7 @@ from sorl_monitor.integrations.trl import (  # noqa: E402
     tapped_batch,
     update_keys,
 )
-from sorl_monitor.query import open_runs  # noqa: E402
+from sorl_monitor.read.query import open_runs  # noqa: E402
 from tests.helpers.tiny_lm import char_tokenizer, save_tiny_qwen2  # noqa: E402
 
 GENERATIONS = 4

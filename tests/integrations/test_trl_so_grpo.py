@@ -21,8 +21,8 @@ from sorl_monitor.integrations.trl_so_grpo import (  # noqa: E402
     loss_mask,
     per_turn_advantages,
 )
-from sorl_monitor.objective import ObjectiveSettings, policy_objective, turn_ids_from_mask  # noqa: E402
-from sorl_monitor.query import open_runs  # noqa: E402
+from sorl_monitor.read.query import open_runs  # noqa: E402
+from sorl_monitor.remedy.objective import ObjectiveSettings, policy_objective, turn_ids_from_mask  # noqa: E402
 from tests.helpers.tiny_lm import char_tokenizer, save_tiny_qwen2  # noqa: E402
 
 GENERATIONS = 4

@@ -15,10 +15,10 @@ import torch
 
 pytest.importorskip("trl")
 
-from sorl_monitor.metrics import turn_ids_from_mask  # noqa: E402
-from sorl_monitor.query import open_runs  # noqa: E402
+from sorl_monitor.read.query import open_runs  # noqa: E402
 from sorl_monitor.trainer.env import SearchEnv  # noqa: E402
 from sorl_monitor.trainer.policy import PolicyWithValue  # noqa: E402
+from sorl_monitor.write.metrics import turn_ids_from_mask  # noqa: E402
 
 SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "trl_so_grpo.py"
 spec = importlib.util.spec_from_file_location("trl_so_grpo_script", SCRIPT)

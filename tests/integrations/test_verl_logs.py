@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from sorl_monitor import Monitor, MonitorWarning
 from sorl_monitor.cli.main import app
 from sorl_monitor.integrations.verl import SorlTracking, ingest_verl_jsonl, install_tracking_backend
-from sorl_monitor.query import open_runs
+from sorl_monitor.read.query import open_runs
 from tests.helpers.verl_metrics import record, verl_metrics
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from sorl_monitor import MonitorWarning
 from sorl_monitor.integrations.verl import VERL_LOSS_PARAMETERS, MonitoredPolicyLoss, register_monitored_loss
-from sorl_monitor.query import open_runs
+from sorl_monitor.read.query import open_runs
 from tests.helpers.verl_calls import (
     TURN_PATTERN,
     call_as_verl_actor,

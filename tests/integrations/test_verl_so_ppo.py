@@ -9,10 +9,10 @@ import math
 import pytest
 import torch
 
-from sorl_monitor.detectors import DetectorConfig
+from sorl_monitor.diagnose.detectors import DetectorConfig
 from sorl_monitor.integrations.verl import VERL_LOSS_PARAMETERS
 from sorl_monitor.integrations.verl_so_ppo import LOSS_NAMES, SorlPolicyLoss, register_sorl_loss
-from sorl_monitor.query import open_runs
+from sorl_monitor.read.query import open_runs
 from tests.helpers.verl_calls import call_as_verl_actor, micro_batch, optimizer_step, real_actor_config
 from tests.helpers.verl_reference import ActorConfigStandIn, compute_policy_loss_vanilla
 

@@ -15,9 +15,9 @@ import pytest
 from typer.testing import CliRunner
 
 from sorl_monitor.cli.main import app
-from sorl_monitor.live import LiveRuns
+from sorl_monitor.diagnose.live import LiveRuns
 from sorl_monitor.logs import read_log
-from sorl_monitor.query import open_runs
+from sorl_monitor.read.query import open_runs
 from tests.helpers.log_writers import (
     TRL_STEPS,
     csv_file,

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from sorl_monitor.cli.main import app
 from sorl_monitor.logs import FORMATS, LogFormatError, detect_format, read_log
-from sorl_monitor.query import QueryError, open_runs
+from sorl_monitor.read.query import QueryError, open_runs
 from tests.helpers.log_writers import TRL_STEPS, csv_file, jsonl_file, tensorboard_run, verl_file
 from tests.helpers.runs import write_run
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from sorl_monitor.logs import read_log
-from sorl_monitor.names import guess_family
+from sorl_monitor.metric_names import guess_family
 from tests.helpers.log_writers import (
     TRL_STEPS,
     VERL_STEPS,

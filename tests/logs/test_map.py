@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from sorl_monitor.cli.main import app
 from sorl_monitor.logs import LogOptions, read_log
 from sorl_monitor.logs.options import parse_map
-from sorl_monitor.query import open_runs
+from sorl_monitor.read.query import open_runs
 
 runner = CliRunner()
 

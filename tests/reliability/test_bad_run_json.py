@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from sorl_monitor import Monitor
 from sorl_monitor.cli.main import app
-from sorl_monitor.query import CorruptPartWarning, open_runs
+from sorl_monitor.read.query import CorruptPartWarning, open_runs
 from tests.helpers.runs import write_run
 
 BAD = {
@@ -72,7 +72,7 @@ def test_a_seed_stored_as_text_reads_as_its_integer_where_it_fits(tmp_path):
     assert seeds == {"small": 42, "huge": None, "word": None}
 
 
-@pytest.mark.filterwarnings("ignore::sorl_monitor.query.CorruptPartWarning")
+@pytest.mark.filterwarnings("ignore::sorl_monitor.read.query.CorruptPartWarning")
 @pytest.mark.parametrize(
     "args",
     [

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from sorl_monitor import Monitor
-from sorl_monitor.writer import ParquetStreamWriter
+from sorl_monitor.write.writer import ParquetStreamWriter
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import struct
 import pytest
 
 from sorl_monitor.logs import LogWarning
-from sorl_monitor.query import CorruptPartWarning, QueryError, open_runs
+from sorl_monitor.read.query import CorruptPartWarning, QueryError, open_runs
 
 ROWS = [{"step": step, "loss": 0.5, "reward": 0.1} for step in range(6)]
 

@@ -25,9 +25,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sorl_monitor.query import open_runs
+from sorl_monitor.read.query import open_runs
 from sorl_monitor.schema import TURN_FLOAT_COLUMNS
-from sorl_monitor.writer import ParquetStreamWriter
+from sorl_monitor.write.writer import ParquetStreamWriter
 from tests.helpers.crash_child import PROGRESS
 from tests.helpers.paths import ROOT
 
@@ -51,7 +51,7 @@ def pause_merges(writer: ParquetStreamWriter, pause_s: float) -> None:
 
 SLOW_MERGE_CHILD = """
 import runpy, sys, time
-from sorl_monitor.writer import ParquetStreamWriter
+from sorl_monitor.write.writer import ParquetStreamWriter
 pause_s, merge = float(sys.argv[1]), ParquetStreamWriter._merge
 def slow_merge(self, parts, path):
     if path.parent.parent.name == "turns":  # the merge the parent waits for; the other tables' stay quick

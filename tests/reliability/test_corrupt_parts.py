@@ -11,7 +11,7 @@ import warnings
 import pyarrow.parquet as pq
 import pytest
 
-from sorl_monitor.query import CorruptPartWarning, open_runs
+from sorl_monitor.read.query import CorruptPartWarning, open_runs
 from tests.helpers.paths import ROOT
 from tests.helpers.runs import run_with_parts
 

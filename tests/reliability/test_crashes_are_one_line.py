@@ -16,8 +16,8 @@ from sorl_monitor import Monitor
 from sorl_monitor.cli.main import app
 from sorl_monitor.integrations.verl import ingest_verl_jsonl
 from sorl_monitor.logs import LogWarning
-from sorl_monitor.logs.guards import MAX_JSON_DEPTH, check_path, json_depth, json_loads
-from sorl_monitor.query import QueryError, open_runs
+from sorl_monitor.logs.input_limits import MAX_JSON_DEPTH, check_path, json_depth, json_loads
+from sorl_monitor.read.query import QueryError, open_runs
 from tests.helpers.paths import ROOT
 from tests.helpers.runs import write_run
 

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from sorl_monitor.cli import dashboard as dashboard_cli
 from sorl_monitor.cli.main import app
-from sorl_monitor.verdict_table import write_verdicts
+from sorl_monitor.read.verdict_table import write_verdicts
 from tests.helpers.dashboard_app import open_app
 from tests.helpers.paths import SAMPLE_LOGS
 

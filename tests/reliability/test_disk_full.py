@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from sorl_monitor import Monitor, MonitorWarning
-from sorl_monitor.query import open_runs
+from sorl_monitor.read.query import open_runs
 from tests.helpers.paths import ROOT
 
 TMPFS_BYTES = 1 << 20

@@ -8,8 +8,8 @@ import json
 import os
 
 import sorl_monitor.logs as logs
-import sorl_monitor.logs.detect as detect
-from sorl_monitor.query import open_runs
+import sorl_monitor.logs.formats as formats
+from sorl_monitor.read.query import open_runs
 from tests.helpers.runs import write_run
 
 
@@ -49,8 +49,8 @@ def test_each_log_is_detected_and_read_once_on_open(tmp_path, monkeypatch):
         return read_source(source, *options)
 
     monkeypatch.setattr(logs, "detect_file", counted_detect)
-    monkeypatch.setattr("sorl_monitor.catalog.read_source", counted_read)
-    assert detect.detect_file is detect_file
+    monkeypatch.setattr("sorl_monitor.read.catalog.read_source", counted_read)
+    assert formats.detect_file is detect_file
     with open_runs(tmp_path) as runs:
         assert runs.sql("SELECT count(*) AS n FROM runs").column("n")[0].as_py() == 20
     assert calls == {"detect": 20, "read": 20}  # before: every log found and detected twice

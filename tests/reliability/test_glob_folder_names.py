@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sorl_monitor import Monitor
-from sorl_monitor.query import PartsRead, open_runs
+from sorl_monitor.read.query import PartsRead, open_runs
 
 # each name and a sibling folder its unescaped pattern matches
 GLOB_NAMES = [("a[x]", "ax"), ("s*t", "sXt"), ("q?", "qZ"), ("e[f", "e[f-other")]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sorl_monitor.query import QueryError, open_runs
+from sorl_monitor.read.query import QueryError, open_runs
 from tests.helpers.runs import write_run
 
 

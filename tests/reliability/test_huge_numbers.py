@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sorl_monitor import Monitor, MonitorWarning
-from sorl_monitor.query import open_runs
+from sorl_monitor.read.query import open_runs
 
 
 def test_integers_beyond_int64_are_stored_as_doubles(tmp_path):

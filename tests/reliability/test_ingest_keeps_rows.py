@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from sorl_monitor import Monitor
 from sorl_monitor.cli.main import app
 from sorl_monitor.integrations.verl import ingest_verl_jsonl
-from sorl_monitor.query import QueryError, open_runs
+from sorl_monitor.read.query import QueryError, open_runs
 from tests.helpers.paths import ROOT
 
 runner = CliRunner()

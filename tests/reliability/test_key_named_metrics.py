@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from sorl_monitor import Monitor
 from sorl_monitor.cli.main import app
-from sorl_monitor.query import open_runs
+from sorl_monitor.read.query import open_runs
 
 RECORDS = (
     '{"step": 1, "data": {"actor/pg_loss": 0.5, "Step": 100, "Run ID": "x"}}\n'

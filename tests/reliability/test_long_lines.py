@@ -7,7 +7,7 @@ from pathlib import Path
 
 from sorl_monitor import Monitor
 from sorl_monitor.integrations.verl import ingest_verl_jsonl
-from sorl_monitor.query import open_runs
+from sorl_monitor.read.query import open_runs
 
 LINE_MIB = 128
 SHORT_LINE_MIB = LINE_MIB // 4

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from sorl_monitor.logs import detect_format
-from sorl_monitor.query import open_runs
+from sorl_monitor.read.query import open_runs
 
 
 def test_a_first_line_of_80_kb_is_still_json_lines(tmp_path):

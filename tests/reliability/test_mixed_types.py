@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sorl_monitor import Monitor, MonitorWarning
-from sorl_monitor.query import open_runs
+from sorl_monitor.read.query import open_runs
 
 
 def test_a_column_that_is_text_in_one_row_and_a_number_in_another_keeps_both_rows(tmp_path):

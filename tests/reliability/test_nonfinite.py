@@ -10,7 +10,7 @@ from transformers import Trainer, TrainingArguments
 from sorl_monitor import Monitor
 from sorl_monitor.integrations.hf import SorlCallback
 from sorl_monitor.integrations.verl import ingest_verl_jsonl
-from sorl_monitor.query import open_runs
+from sorl_monitor.read.query import open_runs
 from tests.helpers.tiny_lm import NanAfterTwoSteps, TokenSequences
 
 

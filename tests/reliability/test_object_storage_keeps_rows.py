@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from sorl_monitor import Monitor, MonitorWarning
 from sorl_monitor.cli.main import app
 from sorl_monitor.local_s3 import start_server
-from sorl_monitor.query import open_runs
+from sorl_monitor.read.query import open_runs
 from tests.helpers.own_s3 import own_server
 
 

@@ -7,7 +7,7 @@ import warnings
 
 import pyarrow.fs as pafs
 
-from sorl_monitor.query import CorruptPartWarning, open_runs
+from sorl_monitor.read.query import CorruptPartWarning, open_runs
 from sorl_monitor.storage import cache_root
 from tests.helpers.s3_upload import upload_sample_run
 

@@ -8,7 +8,7 @@ import torch
 from sorl_monitor import Monitor, MonitorWarning
 from sorl_monitor.integrations.hf import SorlCallback
 from sorl_monitor.integrations.verl import MonitoredPolicyLoss, SorlTracking
-from sorl_monitor.query import open_runs
+from sorl_monitor.read.query import open_runs
 from sorl_monitor.schema import TABLES
 from tests.helpers.verl_calls import micro_batch
 from tests.helpers.verl_reference import ActorConfigStandIn, compute_policy_loss_vanilla

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from sorl_monitor import Monitor
-from sorl_monitor.query import open_runs
+from sorl_monitor.read.query import open_runs
 from tests.helpers.paths import ROOT
 
 LONG_INTERVAL_S = 30.0  # nothing reaches disk by the clock during a test: only a flush at the end does

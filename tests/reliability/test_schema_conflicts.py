@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sorl_monitor.cli.main import app
-from sorl_monitor.query import CorruptPartWarning, open_runs
+from sorl_monitor.read.query import CorruptPartWarning, open_runs
 from tests.helpers.runs import write_run
 
 
@@ -35,7 +35,7 @@ def test_the_part_is_skipped_naming_file_and_column_and_everything_else_reads(lo
         assert runs.sql("SELECT count(*) FROM steps WHERE isfinite(loss) OR loss IS NULL").num_rows == 1
 
 
-@pytest.mark.filterwarnings("ignore::sorl_monitor.query.CorruptPartWarning")
+@pytest.mark.filterwarnings("ignore::sorl_monitor.read.query.CorruptPartWarning")
 @pytest.mark.parametrize("run", ["a", "b"])
 def test_the_post_mortem_of_every_run_still_works(logs, run):
     result = CliRunner().invoke(app, ["postmortem", str(logs), "--run", run, "--json"])

@@ -11,7 +11,7 @@ import warnings
 
 import pytest
 
-from sorl_monitor.query import CorruptPartWarning, open_runs
+from sorl_monitor.read.query import CorruptPartWarning, open_runs
 from tests.helpers.crash_child import PROGRESS
 from tests.helpers.paths import ROOT
 

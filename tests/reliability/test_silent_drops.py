@@ -10,9 +10,9 @@ import pytest
 from typer.testing import CliRunner
 
 from sorl_monitor.cli.main import app
+from sorl_monitor.diagnose.postmortem import postmortem
 from sorl_monitor.logs import LogWarning, find_logs
-from sorl_monitor.postmortem import postmortem
-from sorl_monitor.query import open_runs
+from sorl_monitor.read.query import open_runs
 from tests.helpers.log_writers import tensorboard_run
 
 runner = CliRunner()

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from sorl_monitor.background_query import BackgroundQuery
-from sorl_monitor.query import QueryError, open_runs
+from sorl_monitor.read.query import QueryError, open_runs
+from sorl_monitor.read.sql.background import BackgroundQuery
 from tests.helpers.paths import ROOT
 from tests.helpers.runs import write_run
 

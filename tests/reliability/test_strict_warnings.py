@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from sorl_monitor.query import open_runs
+from sorl_monitor.read.query import open_runs
 from tests.helpers.paths import ROOT
 
 TRAINING = """

@@ -14,7 +14,7 @@ import warnings
 import pytest
 
 from sorl_monitor import Monitor, MonitorWarning
-from sorl_monitor.query import CorruptPartWarning, open_runs
+from sorl_monitor.read.query import CorruptPartWarning, open_runs
 from tests.helpers.paths import ROOT
 
 ROWS = 300

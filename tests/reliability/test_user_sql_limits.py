@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from sorl_monitor.query import QueryError, open_runs
+from sorl_monitor.read.query import QueryError, open_runs
 from tests.helpers.paths import ROOT
 from tests.helpers.runs import write_run
 

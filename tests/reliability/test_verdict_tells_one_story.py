@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 from sorl_monitor.cli.train import alarm_and_lead
-from sorl_monitor.postmortem import Verdict, postmortem
-from sorl_monitor.query import open_runs
+from sorl_monitor.diagnose.postmortem import Verdict, postmortem
+from sorl_monitor.read.query import open_runs
 
 
 def jsonl(path: Path, rewards: list[float]) -> Path:

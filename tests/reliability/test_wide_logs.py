@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from sorl_monitor import Monitor
-from sorl_monitor.query import metric_summary, open_runs
+from sorl_monitor.read.query import metric_summary, open_runs
 
 COLUMNS = 1000
 NARROW = 8

@@ -13,12 +13,12 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from sorl_monitor import fleet
 from sorl_monitor.cli.main import app
-from sorl_monitor.fleet import UNREAD_TABLES, fleet_verdicts
+from sorl_monitor.diagnose import fleet
+from sorl_monitor.diagnose.fleet import UNREAD_TABLES, fleet_verdicts
 from sorl_monitor.local_s3 import start_server
-from sorl_monitor.query import QueryError, open_runs
-from sorl_monitor.ranks import rank_skew
+from sorl_monitor.read.query import QueryError, open_runs
+from sorl_monitor.read.ranks import rank_skew
 from sorl_monitor.storage import mirror_down
 from tests.helpers.own_s3 import own_server
 from tests.helpers.s3_ranks import log_updates

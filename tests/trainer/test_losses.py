@@ -7,12 +7,12 @@ import math
 import pytest
 import torch
 
-from sorl_monitor.metrics import masked_mean
-from sorl_monitor.objective import ctn_penalty, group_normalize
+from sorl_monitor.remedy.objective import ctn_penalty, group_normalize
 from sorl_monitor.trainer.algorithms import ALGORITHMS, get_algorithm
 from sorl_monitor.trainer.algorithms.advantages import gae, turn_advantage
 from sorl_monitor.trainer.algorithms.minibatch_loss import LossSettings, Minibatch, ratios
 from sorl_monitor.trainer.policy import PolicyOutput
+from sorl_monitor.write.metrics import masked_mean
 
 # two episodes: turns of 2 agent tokens separated by 1 observation token, then padding
 MASK = torch.tensor([[0, 1, 1, 0, 1, 1, 0, 1, 1], [0, 1, 1, 0, 1, 1, 0, 0, 0]], dtype=torch.float32)
@@ -227,7 +227,7 @@ def verl_style_dual_clip(ratio, adv, eps_low, eps_high, c):
 
 @pytest.mark.parametrize("c", [1.5, 3.0, 10.0])
 def test_dual_clip_equals_the_verl_formula_on_hand_made_ratios(c):
-    from sorl_monitor.objective import clipped_surrogate
+    from sorl_monitor.remedy.objective import clipped_surrogate
 
     # ratios far above and below the trust region, with both signs of advantage
     ratio = torch.tensor(
@@ -277,8 +277,8 @@ def test_token_level_ctn_multiplies_the_token_clip_fraction_even_for_a_turn_rati
 
 
 def test_capped_k3_is_k3_inside_the_cap_and_its_gradient_is_bounded_outside():
-    from sorl_monitor.metrics import kl_k3
-    from sorl_monitor.objective import kl_k3_capped
+    from sorl_monitor.remedy.objective import kl_k3_capped
+    from sorl_monitor.write.metrics import kl_k3
 
     cap = 3.0
     inside = torch.linspace(-1.0, 1.0, 9)  # |log r| ≤ log 3 ≈ 1.10

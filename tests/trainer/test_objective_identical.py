@@ -1,4 +1,4 @@
-"""The bundled trainer's updates match those recorded when the objective moved to ``sorl_monitor.objective``
+"""The bundled trainer's updates match those recorded when the objective moved to ``sorl_monitor.remedy.objective``
 (a regression record of every loss path, not a claim about the numbers).
 
 ``data/objective_steps.json`` holds, for five tiny runs (3 iterations; critic or group advantage, token or
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from sorl_monitor.query import open_runs
+from sorl_monitor.read.query import open_runs
 from sorl_monitor.trainer.config import TrainConfig
 from sorl_monitor.trainer.env import TaskConfig
 from sorl_monitor.trainer.train import train

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sorl_monitor.query import open_runs
+from sorl_monitor.read.query import open_runs
 from sorl_monitor.trainer.algorithms import ALGORITHMS
 from sorl_monitor.trainer.config import TrainConfig
 from sorl_monitor.trainer.train import train
@@ -134,7 +134,7 @@ class ScriptedGuard:
         self.active = start_active
 
     def update(self, recent_steps):
-        from sorl_monitor.guard import GuardDecision
+        from sorl_monitor.remedy.ctn_guard import GuardDecision
 
         last_step = max(recent_steps.column("step").to_pylist())
         ScriptedGuard.looks.append(last_step)

@@ -1,5 +1,5 @@
 """The algorithms, as data: which ratio the surrogate uses, whether there is a critic, whether CTN is on
-by default, and the advantage estimator. Every loss is ``minibatch_loss.surrogate_loss`` around the objective of ``sorl_monitor.objective``:
+by default, and the advantage estimator. Every loss is ``minibatch_loss.surrogate_loss`` around the objective of ``sorl_monitor.remedy.objective``:
 
     ρ     = r_t = π_θ(y_t)/π_old(y_t)  (token level)   or   w̄_k = exp(mean_{t∈k} log r_t)  (turn level,
             the geometric form, ``turn_ratio="geomean"`` by default; ``"mean"``: mean_{t∈k} r_t, the arithmetic

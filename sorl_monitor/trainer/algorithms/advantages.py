@@ -1,6 +1,6 @@
 """The four advantage estimators the algorithms use (``(B, T)`` token tensors, ``(B,)`` episode tensors),
 and the pieces they are made of (GAE, the turn advantage, whitening; the group normalizations are the
-objective's, ``sorl_monitor.objective``, which the TRL adapter uses too).
+objective's, ``sorl_monitor.remedy.objective``, which the TRL adapter uses too).
 
 Each estimator returns ``(advantages, value targets)`` on agent tokens; an algorithm without a critic gets
 zeros as value targets. ``mask`` is 1 on agent tokens, ``turn_ids`` each agent token's turn index (−1 elsewhere).
@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from sorl_monitor.metrics import broadcast_turns, masked_mean, turn_sum
-from sorl_monitor.objective import group_normalize, turn_group_advantages
+from sorl_monitor.remedy.objective import group_normalize, turn_group_advantages
 from sorl_monitor.trainer.algorithms.minibatch_loss import LossSettings
+from sorl_monitor.write.metrics import broadcast_turns, masked_mean, turn_sum
 
 
 # ------------------------------------------------------------------ pieces

@@ -1,4 +1,4 @@
-"""The bundled trainer's loss of one mini-batch: the policy objective (``sorl_monitor.objective``, the one
+"""The bundled trainer's loss of one mini-batch: the policy objective (``sorl_monitor.remedy.objective``, the one
 implementation the TRL and verl adapters call too) plus the value loss, entropy bonus and reference KL::
 
     L = L_pg(ρ) [+ c_v · ½ mean_t (V(s_t) − G_t)²  with a critic]  + λ · c̄ · mean_t k3_c(log r_t)
@@ -15,14 +15,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from sorl_monitor.metrics import kl_k3, masked_mean, token_log_ratio
-from sorl_monitor.objective import (
+from sorl_monitor.remedy.objective import (
     ObjectiveSettings,
     clipped_surrogate,
     ctn_penalty,
     dual_clip_fraction,
     surrogate_ratio,
 )
+from sorl_monitor.write.metrics import kl_k3, masked_mean, token_log_ratio
 
 
 @dataclass

@@ -58,7 +58,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from sorl_monitor.detectors import (
+from sorl_monitor.diagnose.detectors import (
     DETECTORS,
     DIVERGING,
     DIVERGING_FAMILIES,
@@ -77,7 +77,7 @@ from sorl_monitor.detectors import (
     ma_span_sql,
     over_blocks,
 )
-from sorl_monitor.query import QueryError, RunSet
+from sorl_monitor.read.query import QueryError, RunSet
 from sorl_monitor.settings import check_settings, parse_assignments, read_toml, replace_settings
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sorl_monitor.transfer import HostCopy
+from sorl_monitor.write.transfer import HostCopy
 
 MAX_IN_FLIGHT = 8
 """Updates that may wait for their copy before the oldest one is waited for (a bound on memory, reached

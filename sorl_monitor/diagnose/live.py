@@ -36,10 +36,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sorl_monitor.detectors import ALERT_COLUMNS, ArrowDetector, DetectorConfig, with_columns
-from sorl_monitor.figures.series import column_values
-from sorl_monitor.logs import LogOptions
-from sorl_monitor.postmortem import (
+from sorl_monitor.diagnose.detectors import ALERT_COLUMNS, ArrowDetector, DetectorConfig, with_columns
+from sorl_monitor.diagnose.postmortem import (
     COLLAPSE_SQL,
     LABEL_COLUMNS,
     PostmortemConfig,
@@ -47,7 +45,10 @@ from sorl_monitor.postmortem import (
     collapse_params,
     postmortem,
 )
-from sorl_monitor.query import (
+from sorl_monitor.diagnose.timeline import RunCurves, Timeline, alert_onsets, ctn_spans
+from sorl_monitor.figures.series import column_values
+from sorl_monitor.logs import LogOptions
+from sorl_monitor.read.query import (
     READ_PARTS_SQL,
     STALE_AFTER_S,
     CorruptPartWarning,
@@ -58,10 +59,9 @@ from sorl_monitor.query import (
     SkippedPart,
     open_runs,
 )
+from sorl_monitor.read.step_rows import step_rows
 from sorl_monitor.schema import SCHEMAS, conform
-from sorl_monitor.step_rows import step_rows
 from sorl_monitor.storage import is_remote
-from sorl_monitor.timeline import RunCurves, Timeline, alert_onsets, ctn_spans
 
 T = TypeVar("T")
 
@@ -479,7 +479,7 @@ class LiveRuns:
     def verdict(self, run_id: str, wait_s: float | None = None) -> Verdict | None:
         """The newest post-mortem of ``run_id`` so far (``None`` before one is ready).
 
-        The post-mortem (``sorl_monitor.postmortem``, over the same ``RunSet``) runs in a background
+        The post-mortem (``sorl_monitor.diagnose.postmortem``, over the same ``RunSet``) runs in a background
         thread: started when none exists yet, and again when new rows arrived and the last one is
         ``verdict_every_s`` old. The call waits for a running one up to ``wait_s`` seconds (``None``:
         until it is done), then returns the newest finished verdict. Its error is raised here.

@@ -6,7 +6,7 @@ the ``steps`` rows of a run; an alert is raised where ``value > <name>_warning``
 
 * offline over a ``RunSet`` (the Parquet files of finished or live runs, or a foreign trainer's log), and
 * live over an in-memory Arrow table of recent ``steps`` rows (``Monitor.recent_steps()``), which
-  DuckDB reads without a copy — what the trainer's CTN guard (``sorl_monitor.guard``) does,
+  DuckDB reads without a copy — what the trainer's CTN guard (``sorl_monitor.remedy.ctn_guard``) does,
 
 so a guard and a post-mortem never disagree.
 
@@ -41,7 +41,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from sorl_monitor.query import RunSet
+from sorl_monitor.read.query import RunSet
 from sorl_monitor.settings import check_settings, parse_assignments, read_toml, replace_settings
 from sorl_monitor.warn import warn
 

@@ -36,12 +36,12 @@ from sorl_monitor.logs import (
     is_run_dir,
     read_source,
 )
-from sorl_monitor.logs.guards import check_path
+from sorl_monitor.logs.input_limits import check_path
 from sorl_monitor.logs.table import unique_ids
-from sorl_monitor.query_errors import CorruptPartWarning, QueryError, first_line
+from sorl_monitor.read.errors import CorruptPartWarning, QueryError, first_line
+from sorl_monitor.read.verdict_table import VERDICT_COLUMNS, read_verdicts
 from sorl_monitor.schema import PART_GLOB, RUN_FILE, has_flush_gaps, type_conflicts, visible_parts
 from sorl_monitor.storage import StorageError, is_remote, mirror_down
-from sorl_monitor.verdict_table import VERDICT_COLUMNS, read_verdicts
 
 RUN_COLUMNS = pa.schema(
     [

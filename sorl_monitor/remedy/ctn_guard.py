@@ -10,7 +10,7 @@ window and applies (and logs) any switch it returns:
         ctn_active = decision.ctn_on
         mon.log_alert(**decision.alert_fields())        # an ``alerts`` row of kind "action"
 
-The guard runs the same detector SQL as the post-mortem (``sorl_monitor.detectors``) over the
+The guard runs the same detector SQL as the post-mortem (``sorl_monitor.diagnose.detectors``) over the
 in-memory window, so what switched CTN on is exactly what ``sorl postmortem`` reports. Hysteresis:
 CTN goes on at the first update where a ``trip_on`` detector fires at ``min_severity`` or above, and
 off once ``quiet_updates`` updates have passed with none of them firing. ``start_active`` begins with
@@ -25,8 +25,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sorl_monitor.detectors import ALERT_COLUMNS, ArrowDetector, DetectorConfig, get_detectors
-from sorl_monitor.guard_screen import GuardScreen
+from sorl_monitor.diagnose.detectors import ALERT_COLUMNS, ArrowDetector, DetectorConfig, get_detectors
+from sorl_monitor.remedy.ctn_guard_screen import GuardScreen
 
 DEFAULT_TRIP_ON = ("clip_rise", "turn_clip_rise", "kl_rise", "ratio_tail_rise")
 """Detectors of importance-ratio drift (the ``ratio`` and behaviour-KL signals): what CTN (λ · clip fraction ·

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from sorl_monitor.query import QueryError, RunSet
+from sorl_monitor.read.query import QueryError, RunSet
 
 ACROSS_RANKS_SQL = """
 WITH per_rank AS (

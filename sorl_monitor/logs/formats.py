@@ -40,8 +40,15 @@ from sorl_monitor.logs import (
     verl_console,
     wandb,
 )
-from sorl_monitor.logs.guards import json_loads
-from sorl_monitor.logs.sniff import HEAD_BYTES, csv_header, first_json_line, first_list_item, head, text_kind
+from sorl_monitor.logs.file_head import (
+    HEAD_BYTES,
+    csv_header,
+    first_json_line,
+    first_list_item,
+    head,
+    text_kind,
+)
+from sorl_monitor.logs.input_limits import json_loads
 from sorl_monitor.logs.table import step_column
 from sorl_monitor.schema import RUN_FILE, TABLES
 

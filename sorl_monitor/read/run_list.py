@@ -25,15 +25,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
-from sorl_monitor.schema import RUN_FILE
-from sorl_monitor.storage import StorageError, filesystem, is_remote
-from sorl_monitor.verdict_table import (
+from sorl_monitor.read.verdict_table import (
     STATUS_ORDER,
     read_verdicts,
     sorted_verdicts,
     verdicts_file,
     verdicts_stamp,
 )
+from sorl_monitor.schema import RUN_FILE
+from sorl_monitor.storage import StorageError, filesystem, is_remote
 
 UNJUDGED = "not_in_table"
 """The status of a run folder under the root that the verdict table does not hold (written since)."""

@@ -3,7 +3,7 @@
 DuckDB checks for ``interrupt()`` between vectors, not inside one function call or while planning:
 ``SELECT length(repeat('x', 2000000000))`` and a 40,000-term ``OR`` ran on for minutes after their time
 limit, and ``memory_limit`` does not bound a string built by ``repeat`` (docs/reliability.md). So a
-user's statement runs here, in ``python -m sorl_monitor.sql_sandbox``: the parent sends a ``Request``
+user's statement runs here, in ``python -m sorl_monitor.read.sql.sandbox``: the parent sends a ``Request``
 (the views' SQL, the in-memory tables as Arrow files, the statement) on stdin, the child answers one JSON
 line on stdout and the rows as an Arrow file. The parent (``run_in_child``) kills the child at the
 deadline, on ``cancel``, or once its anonymous resident memory passes the memory limit plus
@@ -209,7 +209,7 @@ def main() -> None:
 def start_child() -> subprocess.Popen[bytes]:
     """A child waiting for its request (its imports done meanwhile)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "sorl_monitor.sql_sandbox"],
+        [sys.executable, "-m", "sorl_monitor.read.sql.sandbox"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,

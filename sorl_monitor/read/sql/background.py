@@ -18,7 +18,7 @@ import time
 
 import pyarrow as pa
 
-from sorl_monitor.query import RunSet
+from sorl_monitor.read.query import RunSet
 
 
 class BackgroundQuery:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sorl_monitor.logs.guards import json_loads
+from sorl_monitor.logs.input_limits import json_loads
 
 HEAD_BYTES = 1 << 16
 

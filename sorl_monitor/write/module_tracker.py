@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from sorl_monitor.metrics import group_index, module_norms
+from sorl_monitor.write.metrics import group_index, module_norms
 
 _NUMERIC = re.compile(r"^\d+$")
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from sorl_monitor.detectors import (
+from sorl_monitor.diagnose.detectors import (
     DETECT_SQL,
     HISTORY_BLOCKS,
     HISTORY_WINDOW,

@@ -3,7 +3,7 @@
 Shapes: ``(B, T)`` token tensors; ``mask`` is 1 on the agent's tokens (0 on prompt, tool/observation and
 padding tokens); ``turn_ids`` numbers each agent token's turn 0, 1, … per row (−1 elsewhere), given by the
 trainer or made from a mask by ``turn_ids_from_mask`` (contiguous runs of 1: TRL's ``completion_mask ×
-tool_mask``, verl's ``response_mask``). Ratios, clipping and KL estimators are ``sorl_monitor.metrics``'s,
+tool_mask``, verl's ``response_mask``). Ratios, clipping and KL estimators are ``sorl_monitor.write.metrics``'s,
 the same functions the monitor logs with::
 
     log r_t = log π_θ(y_t) − log π_old(y_t)                         token ratio r_t
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from sorl_monitor.metrics import (
+from sorl_monitor.write.metrics import (
     broadcast_turns,
     clip_fraction,
     kl_k3,

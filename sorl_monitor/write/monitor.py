@@ -31,12 +31,16 @@ import pyarrow as pa
 import torch
 from torch import Tensor, nn
 
-from sorl_monitor.in_flight import InFlight
-from sorl_monitor.metrics import TURN_COLUMNS, UpdateMetrics, update_metrics
-from sorl_monitor.module_tracker import ModuleNormTracker, pre_clip_norms
-from sorl_monitor.names import guess_family, map_metrics
+from sorl_monitor.metric_names import guess_family, map_metrics
 from sorl_monitor.notify import Notifier
-from sorl_monitor.run_info import (
+from sorl_monitor.schema import KEYS, RUN_FILE, SEVERITIES, check_run_id, column_name, metric_column
+from sorl_monitor.settings import check_setting
+from sorl_monitor.storage import StorageError, is_remote
+from sorl_monitor.warn import MonitorWarning, WarnOnce, warn
+from sorl_monitor.write.in_flight import InFlight
+from sorl_monitor.write.metrics import TURN_COLUMNS, UpdateMetrics, update_metrics
+from sorl_monitor.write.module_tracker import ModuleNormTracker, pre_clip_norms
+from sorl_monitor.write.run_file import (
     RunFile,
     distributed_rank,
     ending_status,
@@ -45,13 +49,9 @@ from sorl_monitor.run_info import (
     shared_run_id,
     utc_now,
 )
-from sorl_monitor.schema import KEYS, RUN_FILE, SEVERITIES, check_run_id, column_name, metric_column
-from sorl_monitor.settings import check_setting
-from sorl_monitor.storage import StorageError, is_remote
-from sorl_monitor.transfer import start_copy
-from sorl_monitor.uploader import RunUploader, UploadStats, staging_dir
-from sorl_monitor.warn import MonitorWarning, WarnOnce, warn
-from sorl_monitor.writer import ParquetStreamWriter, WriterConfig, WriterStats
+from sorl_monitor.write.transfer import start_copy
+from sorl_monitor.write.uploader import RunUploader, UploadStats, staging_dir
+from sorl_monitor.write.writer import ParquetStreamWriter, WriterConfig, WriterStats
 
 __all__ = ["Monitor", "MonitorWarning", "WriterConfig", "warn"]
 

@@ -32,9 +32,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from sorl_monitor.diagnose.postmortem import load_configs, postmortem
 from sorl_monitor.logs import is_run_dir
-from sorl_monitor.postmortem import load_configs, postmortem
-from sorl_monitor.query import (
+from sorl_monitor.read.query import (
     TABLES,
     CorruptPartWarning,
     QueryError,
@@ -43,6 +43,7 @@ from sorl_monitor.query import (
     find_foreign_logs,
     open_runs,
 )
+from sorl_monitor.read.verdict_table import VERDICT_COLUMNS, sorted_verdicts, verdict_table
 from sorl_monitor.storage import (
     ListedObject,
     StorageError,
@@ -51,7 +52,6 @@ from sorl_monitor.storage import (
     mirror_down,
     remote_run_listings,
 )
-from sorl_monitor.verdict_table import VERDICT_COLUMNS, sorted_verdicts, verdict_table
 
 ENGINES = ("local", "ray")
 POSTMORTEM_TABLES = ("steps", "turns", "alerts")

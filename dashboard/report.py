@@ -15,13 +15,13 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from sorl_monitor.detectors import DetectorConfig
+from sorl_monitor.diagnose.detectors import DetectorConfig
+from sorl_monitor.diagnose.live import LiveRuns
+from sorl_monitor.diagnose.postmortem import PostmortemConfig, Verdict, postmortem
 from sorl_monitor.figures.modules import module_norms_figure
 from sorl_monitor.figures.overview import OverviewOptions, overview_figure
 from sorl_monitor.figures.turns import turn_heatmap_figure
-from sorl_monitor.live import LiveRuns
-from sorl_monitor.postmortem import PostmortemConfig, Verdict, postmortem
-from sorl_monitor.query import RunSet
+from sorl_monitor.read.query import RunSet
 
 FIGURES_PER_RUN = 3
 """Figures each run contributes to the page (one more overview figure when there are several runs)."""

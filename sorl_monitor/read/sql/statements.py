@@ -20,8 +20,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.ipc as pa_ipc
 
-from sorl_monitor.query_errors import QueryError
-from sorl_monitor.sql_sandbox import (
+from sorl_monitor.read.errors import QueryError
+from sorl_monitor.read.sql.sandbox import (
     Request,
     SandboxError,
     SandboxLimit,
@@ -29,7 +29,7 @@ from sorl_monitor.sql_sandbox import (
     run_in_child,
     temp_folder,
 )
-from sorl_monitor.views import Views
+from sorl_monitor.read.views import Views
 
 USER_SQL_TIMEOUT_S = 120.0
 """Default time limit of a user's statement (``RunSet.user_sql``)."""

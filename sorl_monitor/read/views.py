@@ -23,11 +23,11 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from sorl_monitor import sql_sandbox
 from sorl_monitor.logs import ForeignRun
-from sorl_monitor.query_errors import QueryError, first_line
+from sorl_monitor.read.errors import QueryError, first_line
+from sorl_monitor.read.sql import sandbox
+from sorl_monitor.read.sql.sandbox import confine, memory_bytes
 from sorl_monitor.schema import TABLES, conform, empty_table
-from sorl_monitor.sql_sandbox import confine, memory_bytes
 
 RESULT_COPY_WARNING = "Arrow output on a DB-API result makes an extra copy"
 """DuckDB 2's warning on ``execute(...).to_arrow_table()`` (``Views.run``): ignored where this module calls
@@ -355,8 +355,8 @@ def _refusal(query: str) -> str | None:
     """Why ``query`` is refused (``sql_sandbox.check_read_only``), or ``None``: kept per text, since the
     package's own statements repeat (parsing one took ~10 % of a fleet's post-mortem)."""
     try:
-        sql_sandbox.check_read_only(query)
-    except sql_sandbox.RefusedStatement as error:
+        sandbox.check_read_only(query)
+    except sandbox.RefusedStatement as error:
         return str(error)
     return None
 

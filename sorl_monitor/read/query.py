@@ -38,7 +38,8 @@ from typing import Any, TypeVar
 import duckdb
 import pyarrow as pa
 
-from sorl_monitor.catalog import (
+from sorl_monitor.logs import ForeignRun, LogOptions
+from sorl_monitor.read.catalog import (
     RUN_COLUMNS,
     RUN_FIELDS,
     RunCatalog,
@@ -47,14 +48,11 @@ from sorl_monitor.catalog import (
     find_runs,
     read_run_info,
 )
-from sorl_monitor.logs import ForeignRun, LogOptions
-from sorl_monitor.query_errors import CorruptPartWarning, QueryError, first_line
-from sorl_monitor.schema import TABLES
-from sorl_monitor.settings import check_setting
-from sorl_monitor.sql_sandbox import QUERY_MISTAKES, SandboxError
-from sorl_monitor.user_sql import USER_SQL_TIMEOUT_S, UserStatements
-from sorl_monitor.verdict_table import verdict_table
-from sorl_monitor.views import (
+from sorl_monitor.read.errors import CorruptPartWarning, QueryError, first_line
+from sorl_monitor.read.sql.sandbox import QUERY_MISTAKES, SandboxError
+from sorl_monitor.read.sql.statements import USER_SQL_TIMEOUT_S, UserStatements
+from sorl_monitor.read.verdict_table import verdict_table
+from sorl_monitor.read.views import (
     FOREIGN_STEPS,
     READ_PARTS_SQL,
     SharedDatabase,
@@ -64,6 +62,8 @@ from sorl_monitor.views import (
     foreign_steps,
     glob_literal,
 )
+from sorl_monitor.schema import TABLES
+from sorl_monitor.settings import check_setting
 
 __all__ = [
     "FOREIGN_STEPS",

@@ -1,0 +1,1 @@
+"""The read path: run folders and other tools' logs → DuckDB views (``RunSet``), read as they grow."""
