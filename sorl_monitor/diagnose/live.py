@@ -36,7 +36,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sorl_monitor.diagnose.detectors import ALERT_COLUMNS, ArrowDetector, DetectorConfig, with_columns
+from sorl_monitor.diagnose.detectors.config import DetectorConfig
+from sorl_monitor.diagnose.detectors.runner import FIRED_COLUMNS, ArrowDetector, with_columns
 from sorl_monitor.diagnose.postmortem import (
     COLLAPSE_SQL,
     LABEL_COLUMNS,
@@ -405,7 +406,7 @@ class LiveRuns:
             stored = run.memo.get("detect")
             if stored is not None and stored[0] == run.version:
                 return stored[1][1]
-            checked, found = stored[1] if stored is not None else (None, ALERT_COLUMNS.empty_table())
+            checked, found = stored[1] if stored is not None else (None, FIRED_COLUMNS.empty_table())
             rows = self.logged_steps(run_id)
             if rows.num_rows:
                 block = self.detector_config.smooth_steps

@@ -58,25 +58,17 @@ from typing import Any
 
 import pyarrow as pa
 
-from sorl_monitor.diagnose.detectors import (
-    DETECTORS,
-    DIVERGING,
-    DIVERGING_FAMILIES,
-    OLD_NAMES,
-    OPTIONAL_SIGNALS,
-    REUSE_COLUMNS,
-    REUSED,
-    SIGNALS,
-    DetectorConfig,
+from sorl_monitor.diagnose.detectors.assembly import (
     bind,
-    block_sql,
-    blocks_sql,
-    config_from_mapping,
+    block_rows_sql,
     detect_params,
     fired_sql,
-    ma_span_sql,
     over_blocks,
 )
+from sorl_monitor.diagnose.detectors.blocks import REUSE_COLUMNS, REUSED, block_start_sql, ma_span_sql
+from sorl_monitor.diagnose.detectors.catalogue import DETECTORS, DIVERGING, DIVERGING_FAMILIES
+from sorl_monitor.diagnose.detectors.config import OLD_NAMES, DetectorConfig, config_from_mapping
+from sorl_monitor.diagnose.detectors.signals import OPTIONAL_SIGNALS, SIGNALS
 from sorl_monitor.read.query import QueryError, RunSet
 from sorl_monitor.settings import check_settings, parse_assignments, read_toml, replace_settings
 
@@ -295,11 +287,11 @@ SELECT s.run_id, s.updates, s.last_step, s.ends_below, s.end_reward_share, s.end
 FROM runs_seen s LEFT JOIN confirmed c USING (run_id) LEFT JOIN fall_starts fs USING (run_id)
      LEFT JOIN deepest_dip d USING (run_id) LEFT JOIN comebacks cb USING (run_id)
 ORDER BY s.run_id
-""".replace("{block}", block_sql("step"))
+""".replace("{block}", block_start_sql("step"))
     .replace("{reused}", REUSED.strip())
     .replace("{ma_span}", ma_span_sql("block", "$collapse_ma_steps"))
 )
-"""One row per run (windows on the detectors' blocks, ``detectors.block_sql``: the same run logged every step or
+"""One row per run (windows on the detectors' blocks, ``detectors.block_start_sql``: the same run logged every step or
 every 5 steps gets the same label):
 
 * ``updates, last_step``; ``ends_below`` (the last block's reward moving average is below ``collapse_fraction``
@@ -325,7 +317,7 @@ LABEL_BLOCK_COLUMNS = ", min(step) AS first_step, count(*) AS rows_logged, sum(r
 """What the collapse label needs of each detector block besides its series (``reward`` is the finite
 ``reward_mean``, as the label's ``avg(reward_mean) FILTER (WHERE isfinite(reward_mean))`` reads it)."""
 
-SHARED_BLOCKS_SQL = blocks_sql(DETECTORS, LABEL_BLOCK_COLUMNS)
+SHARED_BLOCKS_SQL = block_rows_sql(DETECTORS, LABEL_BLOCK_COLUMNS)
 """The detectors' blocks of one run with the label's columns: computed once (``RunSet.scratch_table``), then
 read by the label, the alert summary and the count of reward rows (one scan and grouping of ``steps``, not three)."""
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from sorl_monitor.diagnose.detectors import DETECTORS, FAMILY_NAMES
+from sorl_monitor.diagnose.detectors.catalogue import DETECTORS, FAMILY_NAMES
 from sorl_monitor.notify import OnsetFilter
 
 FAMILY = {d.name: d.family for d in DETECTORS}

@@ -42,8 +42,8 @@ import torch
 from torch import Tensor
 from trl import GRPOConfig, GRPOTrainer
 
-from sorl_monitor.diagnose.detectors import DetectorConfig
-from sorl_monitor.diagnose.detectors import config_from_mapping as detector_config
+from sorl_monitor.diagnose.detectors.config import DetectorConfig
+from sorl_monitor.diagnose.detectors.config import config_from_mapping as detector_config
 from sorl_monitor.integrations.trl import CLIPPED_LOSSES, SO_GRPO, TokenTapMixin, update_keys
 from sorl_monitor.remedy.ctn_guard import ARMED, CtnGuard, GuardDecision
 from sorl_monitor.remedy.objective import (

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from sorl_monitor.diagnose.detectors import DetectorConfig
+from sorl_monitor.diagnose.detectors.config import DetectorConfig
 from sorl_monitor.integrations.verl import MonitoredPolicyLoss, config_value
 from sorl_monitor.remedy.ctn_guard import ARMED, CtnGuard, GuardDecision
 from sorl_monitor.remedy.objective import (

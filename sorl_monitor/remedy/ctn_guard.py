@@ -25,7 +25,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sorl_monitor.diagnose.detectors import ALERT_COLUMNS, ArrowDetector, DetectorConfig, get_detectors
+from sorl_monitor.diagnose.detectors.catalogue import get_detectors
+from sorl_monitor.diagnose.detectors.config import DetectorConfig
+from sorl_monitor.diagnose.detectors.runner import FIRED_COLUMNS, ArrowDetector
 from sorl_monitor.remedy.ctn_guard_screen import GuardScreen
 
 DEFAULT_TRIP_ON = ("clip_rise", "turn_clip_rise", "kl_rise", "ratio_tail_rise")
@@ -111,7 +113,7 @@ class CtnGuard:
         if last_step is None or (self._last_seen is not None and last_step <= self._last_seen):
             return None
         if self._screen is not None and self._screen.quiet(recent_steps, self._last_seen):
-            fired = ALERT_COLUMNS.empty_table()  # no trip detector can fire: the SQL would return no row
+            fired = FIRED_COLUMNS.empty_table()  # no trip detector can fire: the SQL would return no row
         else:
             fired = self._detector(recent_steps, after_step=self._last_seen)
         self._last_seen = last_step

@@ -29,18 +29,18 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from sorl_monitor.diagnose.detectors import (
-    DETECT_SQL,
+from sorl_monitor.diagnose.detectors.assembly import DETECT_SQL
+from sorl_monitor.diagnose.detectors.blocks import (
     HISTORY_BLOCKS,
     HISTORY_WINDOW,
     KNOWN,
     REUSE_COLUMNS,
     REUSED,
-    SIGNALS,
-    DetectorConfig,
-    block_sql,
-    get_detectors,
+    block_start_sql,
 )
+from sorl_monitor.diagnose.detectors.catalogue import get_detectors
+from sorl_monitor.diagnose.detectors.config import DetectorConfig
+from sorl_monitor.diagnose.detectors.signals import SIGNALS
 
 MARGIN = 1e-9
 """Relative distance below a warning level within which the screen leaves the call to the SQL (the two
@@ -69,7 +69,7 @@ FOLDS = {
 def sql_fingerprint(names: Sequence[str]) -> str:
     """A hash of the SQL that defines ``names`` (their values, signals, blocks, history, the query template)."""
     detectors = get_detectors(names)
-    parts = [DETECT_SQL, HISTORY_BLOCKS, HISTORY_WINDOW, KNOWN, REUSED, block_sql("step")]
+    parts = [DETECT_SQL, HISTORY_BLOCKS, HISTORY_WINDOW, KNOWN, REUSED, block_start_sql("step")]
     parts += [f"{d.name}:{d.value}" for d in detectors]
     parts += [f"{s}:{SIGNALS[s].expression}" for d in detectors for s in d.signals]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sorl_monitor.diagnose.detectors import DetectorConfig
-from sorl_monitor.diagnose.detectors import config_from_mapping as detector_config
+from sorl_monitor.diagnose.detectors.config import DetectorConfig
+from sorl_monitor.diagnose.detectors.config import config_from_mapping as detector_config
 from sorl_monitor.settings import coerce, field_kinds, parse_assignments
 from sorl_monitor.trainer.env import TaskConfig
 from sorl_monitor.trainer.policy import PolicyConfig

@@ -12,15 +12,16 @@ import pytest
 
 from sorl_monitor import Monitor
 from sorl_monitor.diagnose.detectors import (
-    ALERT_COLUMNS,
     DETECTOR_NAMES,
     FAMILY_NAMES,
+    FIRED_COLUMNS,
     ArrowDetector,
     DetectorConfig,
     detect,
     get_detectors,
     load_config,
 )
+from sorl_monitor.diagnose.detectors.assembly import detect_sql
 from sorl_monitor.diagnose.postmortem import load_configs
 from sorl_monitor.read.query import open_runs
 from tests.helpers.synthetic import (
@@ -97,8 +98,8 @@ def test_alert_rows_carry_value_threshold_and_message_on_synthetic_clip_pattern(
 
 
 def test_result_has_the_documented_columns_even_when_nothing_fires():
-    assert detect(as_table(stable_rows())).schema == ALERT_COLUMNS
-    assert detect(pa.table({"step": pa.array([], pa.int64())})).schema == ALERT_COLUMNS
+    assert detect(as_table(stable_rows())).schema == FIRED_COLUMNS
+    assert detect(pa.table({"step": pa.array([], pa.int64())})).schema == FIRED_COLUMNS
 
 
 def test_a_raised_threshold_silences_a_synthetic_pattern():
@@ -264,7 +265,8 @@ def test_live_windows_give_the_offline_alerts_on_a_synthetic_run_written_through
 
 def test_each_detector_alone_is_one_runnable_query():
     for detector in get_detectors():
-        assert detector.sql.count("UNPIVOT") == 1 and detector.name in detector.sql
+        sql = detect_sql((detector,))
+        assert sql.count("UNPIVOT") == 1 and detector.name in sql
 
 
 def test_unknown_detector_name_is_a_clear_error():

@@ -22,14 +22,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from sorl_monitor.diagnose import postmortem as pm
-from sorl_monitor.diagnose.detectors import (
-    HISTORY_WINDOW,
-    DetectorConfig,
-    detect,
-    detect_params,
-    detect_sql,
-    ma_span_sql,
-)
+from sorl_monitor.diagnose.detectors import DetectorConfig, detect
+from sorl_monitor.diagnose.detectors.assembly import detect_params, detect_sql
+from sorl_monitor.diagnose.detectors.blocks import HISTORY_WINDOW, ma_span_sql
 from sorl_monitor.read.query import open_runs
 
 ROOT = Path(__file__).resolve().parents[2]

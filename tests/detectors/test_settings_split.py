@@ -12,7 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from sorl_monitor.cli.main import app
-from sorl_monitor.diagnose.detectors import OLD_NAMES, DetectorConfig, load_config
+from sorl_monitor.diagnose.detectors import DetectorConfig, load_config
+from sorl_monitor.diagnose.detectors.config import OLD_NAMES
 from sorl_monitor.diagnose.postmortem import PostmortemConfig, label_collapse, load_configs
 from sorl_monitor.read.query import open_runs
 from tests.helpers.synthetic import collapse_reward, stable_rows, write_rows

@@ -20,7 +20,8 @@ from typer.testing import CliRunner
 
 from sorl_monitor.cli.diagnose import EXIT_CODES
 from sorl_monitor.cli.main import app
-from sorl_monitor.diagnose.detectors import DIVERGING_FAMILIES, DetectorConfig, detect
+from sorl_monitor.diagnose.detectors import DetectorConfig, detect
+from sorl_monitor.diagnose.detectors.catalogue import DIVERGING_FAMILIES
 from sorl_monitor.diagnose.postmortem import PostmortemConfig, postmortem
 from sorl_monitor.read.query import open_runs
 from tests.helpers.synthetic import (
