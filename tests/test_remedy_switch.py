@@ -6,7 +6,8 @@ import dataclasses
 
 import pytest
 
-from sorl_monitor.diagnose.postmortem import CAUSES, remedy_for, trainer_family
+from sorl_monitor.diagnose.postmortem import CAUSES
+from sorl_monitor.diagnose.postmortem.causes import remedy_for, trainer_family
 from sorl_monitor.trainer.config import TrainConfig
 
 

@@ -32,7 +32,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from sorl_monitor.diagnose.postmortem import load_configs, postmortem
+from sorl_monitor.diagnose.postmortem.config import load_configs
+from sorl_monitor.diagnose.postmortem.judge import postmortem
 from sorl_monitor.logs import is_run_dir
 from sorl_monitor.read.query import (
     TABLES,

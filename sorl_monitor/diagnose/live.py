@@ -38,14 +38,10 @@ import pyarrow.compute as pc
 
 from sorl_monitor.diagnose.detectors.config import DetectorConfig
 from sorl_monitor.diagnose.detectors.runner import FIRED_COLUMNS, ArrowDetector, with_columns
-from sorl_monitor.diagnose.postmortem import (
-    COLLAPSE_SQL,
-    LABEL_COLUMNS,
-    PostmortemConfig,
-    Verdict,
-    collapse_params,
-    postmortem,
-)
+from sorl_monitor.diagnose.postmortem.config import PostmortemConfig
+from sorl_monitor.diagnose.postmortem.judge import postmortem
+from sorl_monitor.diagnose.postmortem.label import COLLAPSE_SQL, LABEL_COLUMNS, collapse_params
+from sorl_monitor.diagnose.postmortem.verdict import Verdict
 from sorl_monitor.diagnose.timeline import RunCurves, Timeline, alert_onsets, ctn_spans
 from sorl_monitor.figures.series import column_values
 from sorl_monitor.logs import LogOptions

@@ -15,17 +15,16 @@ from typing import Any
 
 import pyarrow as pa
 
-from sorl_monitor.diagnose.detectors.catalogue import DETECTORS, FAMILY_NAMES
+from sorl_monitor.diagnose.detectors.catalogue import DETECTOR_FAMILY, FAMILY_NAMES
 from sorl_monitor.notify import OnsetFilter
 
-FAMILY = {d.name: d.family for d in DETECTORS}
-"""Each detector's family (``Detector.family``); an alert a trainer logged under another name is ``other``."""
 FAMILY_ORDER = (*FAMILY_NAMES, "other")
 """Families in the detectors' order (the order the figures list them in)."""
 
 
 def family_of(detector: str) -> str:
-    return FAMILY.get(detector, "other")
+    """The detector's family (``Detector.family``); an alert a trainer logged under another name is ``other``."""
+    return DETECTOR_FAMILY.get(detector, "other")
 
 
 @dataclass

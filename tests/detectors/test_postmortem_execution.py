@@ -21,10 +21,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from sorl_monitor.diagnose import postmortem as pm
 from sorl_monitor.diagnose.detectors import DetectorConfig, detect
 from sorl_monitor.diagnose.detectors.assembly import detect_params, detect_sql
 from sorl_monitor.diagnose.detectors.blocks import HISTORY_WINDOW, ma_span_sql
+from sorl_monitor.diagnose.postmortem import judge
+from sorl_monitor.diagnose.postmortem.alert_summary import STREAK_ROWS
+from sorl_monitor.diagnose.postmortem.config import PostmortemConfig
+from sorl_monitor.diagnose.postmortem.evidence import RUN_ROWS_SQL
+from sorl_monitor.diagnose.postmortem.label import COLLAPSE_SQL, collapse_params
 from sorl_monitor.read.query import open_runs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,7 +51,7 @@ REFERENCE_END = (
     "           row_number() OVER (PARTITION BY run_id ORDER BY block DESC) AS from_end\n",
     "min(step) FILTER (WHERE from_end <= $end_blocks) AS end_step",
 )
-FAST_RECOVERIES = pm.COLLAPSE_SQL[pm.COLLAPSE_SQL.index("segments AS (") : pm.COLLAPSE_SQL.index("held AS (")]
+FAST_RECOVERIES = COLLAPSE_SQL[COLLAPSE_SQL.index("segments AS (") : COLLAPSE_SQL.index("held AS (")]
 REFERENCE_RECOVERIES = """segments AS (  -- an in-band block and the blocks out of the band after it: did they dip below?
     SELECT *, bool_or(below AND NOT in_band) OVER (PARTITION BY run_id, band_seg) AS seg_dipped FROM banded
 ),
@@ -74,9 +78,7 @@ REFERENCE_HISTORY = (  # the history as a RANGE frame of every aggregate, its le
 def reference_collapse_sql() -> str:
     """``COLLAPSE_SQL`` with the reference recovery window and the reference end of the log."""
     ma_span = ma_span_sql("block", "$collapse_ma_steps")
-    sql = pm.COLLAPSE_SQL.replace(FAST_WINDOW, REFERENCE_WINDOW).replace(
-        FAST_RECOVERIES, REFERENCE_RECOVERIES
-    )
+    sql = COLLAPSE_SQL.replace(FAST_WINDOW, REFERENCE_WINDOW).replace(FAST_RECOVERIES, REFERENCE_RECOVERIES)
     assert "lag(seg_dipped)" in sql
     for fast, reference in zip(FAST_END, REFERENCE_END, strict=True):
         fast, reference = fast.replace("{ma_span}", ma_span), reference.replace("{ma_span}", ma_span)
@@ -121,14 +123,12 @@ ORDER BY first_critical_step NULLS LAST, first_step, detector
 
 def reference_label(runs, config=None, run_id=None, postmortem_config=None, blocks=None):
     """The collapse label as ``reference_collapse_sql()`` gives it over ``steps`` (not over the shared ``blocks``)."""
-    params = pm.collapse_params(
-        config or DetectorConfig(), postmortem_config or pm.PostmortemConfig(), run_id
-    )
+    params = collapse_params(config or DetectorConfig(), postmortem_config or PostmortemConfig(), run_id)
     return runs.sql(reference_collapse_sql(), params)
 
 
 def reference_run_rows(runs, run_id, blocks=None):
-    return runs.sql(pm.RUN_ROWS_SQL, {"run_id": run_id}).to_pylist()[0]
+    return runs.sql(RUN_ROWS_SQL, {"run_id": run_id}).to_pylist()[0]
 
 
 def reference_summary(runs, run_id, config=None, streak_from=None, streak_to=None, blocks=None):
@@ -137,7 +137,7 @@ def reference_summary(runs, run_id, config=None, streak_from=None, streak_to=Non
     extra = {
         "streak_from": -(2**62) if streak_from is None else streak_from,
         "streak_to": 2**62 if streak_to is None else streak_to,
-        "streak_rows": pm.STREAK_ROWS,
+        "streak_rows": STREAK_ROWS,
     }
     return runs.sql(sql, detect_params(sql, config, run_id, extra=extra)).to_pylist()
 
@@ -158,13 +158,13 @@ def verdicts(path: Path, run_id: str, monkeypatch) -> tuple[dict, dict]:
     """``run_id``'s verdict as ``postmortem`` gives it, and through the reference formulation (floats to 12
     significant digits)."""
     with open_runs(path) as runs:
-        fast = pm.postmortem(runs, run_id).to_dict()
-        assert FAST_WINDOW in pm.COLLAPSE_SQL
+        fast = judge.postmortem(runs, run_id).to_dict()
+        assert FAST_WINDOW in COLLAPSE_SQL
         with monkeypatch.context() as patch:  # each over steps, not over the blocks computed once
-            patch.setattr(pm, "label_collapse", reference_label)
-            patch.setattr(pm, "summarise_alerts", reference_summary)
-            patch.setattr(pm, "count_run_rows", reference_run_rows)
-            reference = pm.postmortem(runs, run_id).to_dict()
+            patch.setattr(judge, "label_collapse", reference_label)
+            patch.setattr(judge, "summarise_alerts", reference_summary)
+            patch.setattr(judge, "count_run_rows", reference_run_rows)
+            reference = judge.postmortem(runs, run_id).to_dict()
     return rounded(fast), rounded(reference)
 
 

@@ -212,6 +212,8 @@ DETECTORS: tuple[Detector, ...] = (*_BASE_DETECTORS, DIVERGING)
 DETECTOR_NAMES = tuple(d.name for d in DETECTORS)
 _BY_NAME = {d.name: d for d in DETECTORS}
 FAMILY_NAMES = tuple(dict.fromkeys(d.family for d in DETECTORS))
+DETECTOR_FAMILY = {d.name: d.family for d in DETECTORS}
+"""Each detector's family (``Detector.family``)."""
 
 
 def get_detectors(names: Iterable[str] | None = None) -> tuple[Detector, ...]:
