@@ -3,7 +3,7 @@
 The writer merges part files by level (``compact_parts`` parts of one level become one part of the next).
 Before, a merged part under ``compact_rows`` rows counted as one of the next ``compact_parts`` small
 parts, so every compaction rewrote the whole growing merged file. Both rules run here on the same
-flushes (the old one emulated by overriding ``_due_run``), each merge finishing before the next flush
+flushes (the old one emulated by overriding ``Compactor.due_run``), each merge finishing before the next flush
 as in a real run: rows rewritten per row logged, compaction time, and the part files left at the end.
 
     python benchmarks/bench_compaction.py [--flushes 2048] [--rows 200] [--compact-parts 32]
@@ -20,11 +20,12 @@ from pathlib import Path
 import numpy as np
 
 from sorl_monitor.read.query import open_runs
+from sorl_monitor.write.compaction import Compactor
 from sorl_monitor.write.writer import ParquetStreamWriter
 
 
-class MeasuredWriter(ParquetStreamWriter):
-    """The writer, counting the rows and seconds its merges take; ``settle()`` waits until no merge is due
+class MeasuredCompactor(Compactor):
+    """The compactor, counting the rows and seconds its merges take; ``settle()`` waits until no merge is due
     or running, as in a real run, where a merge ends long before the next is due (flushes 2 s apart)."""
 
     def __init__(self, *args, **kwargs) -> None:
@@ -34,44 +35,52 @@ class MeasuredWriter(ParquetStreamWriter):
         self.idle.set()
         super().__init__(*args, **kwargs)
 
-    def _compact_loop(self) -> None:
+    def run(self) -> None:
         while True:
-            self._compact_due.wait()
+            self._due.wait()
             self.idle.clear()  # before the due flag clears, so settle() never sees neither
-            self._compact_due.clear()
+            self._due.clear()
             stopping = self._stopping
-            if stopping and not self._compact_at_close:
+            if stopping and not self._at_close:
                 return
-            for table in list(self._written_parts):
-                while self._compact(table, force=stopping):
+            for table in list(self._parts):
+                while self.compact(table, force=stopping):
                     pass
             self.idle.set()
             if stopping:
                 return
 
     def settle(self) -> None:
-        while self._compact_due.is_set() or not self.idle.is_set():
+        while self._due.is_set() or not self.idle.is_set():
             time.sleep(0.0005)
 
-    def _merge(self, parts, path):
+    def merge(self, parts, path):
         started = time.perf_counter()
-        rows = super()._merge(parts, path)
+        rows = super().merge(parts, path)
         self.merge_seconds += time.perf_counter() - started
         self.merged_rows += rows
         return rows
 
 
-class GrowingMergeWriter(MeasuredWriter):
+class GrowingMergeCompactor(MeasuredCompactor):
     """The previous rule: the trailing parts under ``compact_rows`` rows, whatever their level."""
 
-    def _due_run(self, parts, force=False):
+    def due_run(self, parts, force=False):
         start = len(parts)
         while start > 0 and parts[start - 1].rows < self.compact_rows:
             start -= 1
         return (start, len(parts)) if len(parts) - start >= (2 if force else self.compact_parts) else None
 
 
-def run(cls: type[MeasuredWriter], folder: Path, flushes: int, rows: int, compact_parts: int) -> dict:
+class MeasuredWriter(ParquetStreamWriter):
+    compactor_class = MeasuredCompactor
+
+
+class GrowingMergeWriter(ParquetStreamWriter):
+    compactor_class = GrowingMergeCompactor
+
+
+def run(cls: type[ParquetStreamWriter], folder: Path, flushes: int, rows: int, compact_parts: int) -> dict:
     rng = np.random.default_rng(0)
     writer = cls(folder, compact_parts=compact_parts, flush_interval_s=3600)
     started = time.perf_counter()
@@ -80,13 +89,14 @@ def run(cls: type[MeasuredWriter], folder: Path, flushes: int, rows: int, compac
         columns = {"step": steps, **{f"m{i}": rng.standard_normal(rows) for i in range(40)}}
         writer.submit("steps", columns, rows)
         writer.flush()
-        writer.settle()
+        writer.compactor.settle()
     writer.close()
     seconds = time.perf_counter() - started
     with open_runs(folder) as runs:
         read = runs.sql("SELECT count(*), count(DISTINCT step) FROM steps").to_pylist()[0]
     files = len(list((folder / "steps" / "rank=0").glob("part-*.parquet")))
-    return {"rewritten": writer.merged_rows / (flushes * rows), "merge_s": writer.merge_seconds,
+    compactor = writer.compactor
+    return {"rewritten": compactor.merged_rows / (flushes * rows), "merge_s": compactor.merge_seconds,
             "total_s": seconds, "files": files, "rows_read": read}  # fmt: skip
 
 

@@ -17,6 +17,7 @@ import pytest
 from sorl_monitor import Monitor, MonitorWarning
 from sorl_monitor.read.query import open_runs
 from sorl_monitor.schema import visible_parts
+from sorl_monitor.write.compaction import Compactor
 from sorl_monitor.write.writer import ParquetStreamWriter
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,11 +158,14 @@ def test_small_parts_are_compacted_and_every_row_is_read_once(tmp_path):
 def test_compaction_merges_by_level_so_each_row_is_rewritten_a_few_times_not_once_per_merge(tmp_path):
     merged_rows = []
 
-    class CountingWriter(ParquetStreamWriter):
-        def _merge(self, parts, path):
-            rows = super()._merge(parts, path)
+    class CountingCompactor(Compactor):
+        def merge(self, parts, path):
+            rows = super().merge(parts, path)
             merged_rows.append(rows)
             return rows
+
+    class CountingWriter(ParquetStreamWriter):
+        compactor_class = CountingCompactor
 
     writer = CountingWriter(tmp_path, compact_parts=4)
     for step in range(64):

@@ -29,7 +29,7 @@ import torch
 
 from sorl_monitor import __version__
 from sorl_monitor.schema import SCHEMA_VERSION, column_name
-from sorl_monitor.write.writer import write_json_atomic
+from sorl_monitor.write.part_files import write_json_atomic
 
 TERMINATE_TIMEOUT_S = 20.0
 """How long a SIGTERM waits for the rows still queued to reach disk (SLURM and Kubernetes allow 30 s)."""

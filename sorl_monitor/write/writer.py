@@ -1,23 +1,19 @@
 """Crash-safe, non-blocking Parquet streaming: a background thread behind a bounded queue.
 
 The training thread only calls ``submit`` (a lock-free ``deque.append``). The writer thread turns what is queued
-into Arrow tables and writes ``<run_dir>/<table>/rank=R/part-NNNNNN.parquet`` every
+into Arrow tables (``arrow_rows``) and writes ``<run_dir>/<table>/rank=R/part-NNNNNN.parquet`` every
 ``flush_interval_s`` seconds or ``flush_rows`` rows per table: to ``part-N.parquet.tmp`` first, then
-``os.replace``, so a reader never sees a half-written file and a crash (even SIGKILL) loses at most
-what was queued since the last flush. A full queue or a failing disk never raises into the caller:
-the rows are dropped and counted (``stats()``). One writer per run and rank: a second one is refused
-(``refused``), never let to overwrite the first one's parts. Compaction runs on a thread of its own, so
-merging parts never delays a flush.
+``os.replace`` (``part_files``), so a reader never sees a half-written file and a crash (even SIGKILL) loses at
+most what was queued since the last flush. A full queue or a failing disk never raises into the caller:
+the rows are dropped and counted (``stats()``). One writer per run and rank (``writer_lock``): a second one is
+refused (``refused``), never let to overwrite the first one's parts. Compaction runs on a thread of its own
+(``compaction``), so merging parts never delays a flush.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
-import fcntl
-import json
 import os
-import socket
 import threading
 import time
 from collections.abc import Mapping
@@ -26,66 +22,15 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from sorl_monitor.schema import conform, part_range
 from sorl_monitor.settings import check_writer_settings
+from sorl_monitor.write.arrow_rows import payload_rows, to_arrow
+from sorl_monitor.write.compaction import COMPACT_PARTS, Compactor, Part
+from sorl_monitor.write.part_files import write_part_file
+from sorl_monitor.write.writer_lock import release_writer_lock, take_writer_lock
 
 _STOP = object()
-
-
-def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
-    """Write ``payload`` as JSON to ``path`` via a temporary file and ``os.replace`` (all or nothing)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str))
-    os.replace(tmp, path)
-
-
-_ARROW_TYPES = {
-    frozenset({float}): pa.float64(),
-    frozenset({int}): pa.int64(),
-    frozenset({int, float}): pa.float64(),
-    frozenset({bool}): pa.bool_(),
-    frozenset({str}): pa.string(),
-}
-
-
-def _column(values: list[Any]) -> pa.Array:
-    """An Arrow column from Python values (typed up front: Arrow's inference is ~100× slower).
-
-    Mixed numbers become double; anything that is not a number, bool or string becomes a string.
-    """
-    kinds = frozenset(type(v) for v in values if v is not None)
-    try:
-        return pa.array(values, _ARROW_TYPES.get(kinds))
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):  # e.g. an int beyond int64
-        try:
-            return pa.array([None if v is None else float(v) for v in values], pa.float64())
-        except (TypeError, ValueError):
-            return pa.array([None if v is None else str(v) for v in values], pa.string())
-
-
-def rows_to_table(rows: list[dict[str, Any]]) -> pa.Table:
-    """Row dicts as one Arrow table over the union of their keys (missing values are null)."""
-    names = list(dict.fromkeys(name for row in rows for name in row))
-    return pa.table({name: _column([row.get(name) for row in rows]) for name in names})
-
-
-def to_arrow(payloads: list[Any]) -> pa.Table:
-    """Queued payloads (lists of row dicts, dicts of columns, Arrow data) as one Arrow table.
-
-    All row dicts are converted together, column by column: one conversion per flush, not per row.
-    """
-    rows = [row for p in payloads if isinstance(p, list) for row in p]
-    tables = [rows_to_table(rows)] if rows else []
-    for p in payloads:
-        if isinstance(p, pa.Table):
-            tables.append(p)
-        elif isinstance(p, pa.RecordBatch):
-            tables.append(pa.Table.from_batches([p]))
-        elif not isinstance(p, list):
-            tables.append(pa.table(p))
-    return pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
 
 
 @dataclass
@@ -98,10 +43,6 @@ class WriterStats:
     parts_written: int = 0
     write_errors: int = 0
     last_error: str = ""
-
-
-COMPACT_PARTS = 32
-"""Parts of one level merged into one by compaction (``ParquetStreamWriter.compact_parts``'s default)."""
 
 
 @dataclass(frozen=True)
@@ -149,14 +90,13 @@ class ParquetStreamWriter:
     same run and rank, in this process or another, writes nothing and says why in ``refused`` (its rows
     are counted as dropped) instead of overwriting the first one's parts.
 
-    Compaction keeps a long run's file count small: once ``compact_parts`` parts of one level (a flush's
-    part is level 0, a merge of level-``k`` parts is level ``k + 1``) and fewer than ``compact_rows`` rows
-    each have piled up, a compaction thread rewrites them as one ``part-A-B.parquet``, reading one row
-    group at a time (then the originals are deleted; readers skip parts inside a compacted range, so
-    nothing is read twice). Merging by level (as a log-structured store does) writes each row about
-    ``log_{compact_parts}(flushes)`` times, not once per compaction; ``close()`` compacts whatever small
-    parts are left into one. ``compact_parts=0`` turns compaction off.
+    Compaction keeps a long run's file count small: once ``compact_parts`` parts of one level and fewer than
+    ``compact_rows`` rows each have piled up, ``compactor`` (``compaction.Compactor``, ``compactor_class``)
+    merges them on its own thread; ``close()`` compacts whatever small parts are left into one.
+    ``compact_parts=0`` turns compaction off.
     """
+
+    compactor_class: type[Compactor] = Compactor
 
     def __init__(
         self,
@@ -180,11 +120,6 @@ class ParquetStreamWriter:
         self.compression = compression
         self.compact_parts = compact_parts
         self.compact_rows = compact_rows
-        self._written_parts: dict[str, list[_Part]] = {}
-        self._parts_lock = threading.Lock()  # _written_parts: appended by the writer, merged by the compactor
-        self._compact_due = threading.Event()
-        self._stopping = False
-        self._compact_at_close = True
         self._pending: collections.deque[Any] = collections.deque()
         self._wake = threading.Event()
         self._buffers: dict[str, list[Any]] = {}
@@ -202,20 +137,23 @@ class ParquetStreamWriter:
         self._errors = 0
         self._error = ""
         self._closed = False
+        self._compact_at_close = True
         self.refused = refused
         """Why this writer writes nothing ("" when it writes): another writer holds this run and rank (here,
         or an object store's lease: ``refused`` given by the caller)."""
-        self._lock_fd = None if refused else self._take_lock()
+        self._lock_fd: int | None = None
+        if not refused:
+            self._lock_fd, held_by = take_writer_lock(self.run_dir, rank)
+            self.refused = held_by
         self._thread = threading.Thread(target=self._run, name=f"sorl-writer-rank{rank}", daemon=True)
-        self._compactor = (
-            threading.Thread(target=self._compact_loop, name=f"sorl-compactor-rank{rank}", daemon=True)
+        if not self.refused:
+            self._thread.start()
+        self.compactor = (
+            self.compactor_class(rank, compact_parts, compact_rows, compression, self._compaction_failed)
             if compact_parts and not self.refused
             else None
         )
-        if not self.refused:
-            self._thread.start()
-        if self._compactor is not None:
-            self._compactor.start()
+        """The compaction thread's owner (``None`` when compaction is off or the writer was refused)."""
 
     # ------------------------------------------------------------------ training-thread side
     def submit(self, table: str, payload: Any, n_rows: int) -> bool:
@@ -283,8 +221,11 @@ class ParquetStreamWriter:
                     break
                 if item is _STOP:
                     self._flush_all()
-                    self._stop_compactor()
-                    self._release_lock()
+                    if self.compactor is not None:
+                        self.compactor.stop(compact=self._compact_at_close)
+                    if self._lock_fd is not None:
+                        release_writer_lock(self._lock_fd)
+                        self._lock_fd = None
                     return
                 if isinstance(item, threading.Event):
                     self._flush_all()
@@ -339,7 +280,7 @@ class ParquetStreamWriter:
                 data = conform(table, to_arrow([payload]))
             except Exception as error:  # noqa: BLE001
                 self._errors += 1
-                self._failed += _payload_rows(payload)
+                self._failed += payload_rows(payload)
                 self._error = f"{table}: {type(error).__name__}: {error}"
                 continue
             groups.setdefault(data.schema, []).append(data)
@@ -350,7 +291,7 @@ class ParquetStreamWriter:
             folder = self.run_dir / table / f"rank={self.rank}"
             folder.mkdir(parents=True, exist_ok=True)
             number = self._part_number(folder, table)
-            path = self._write_file(data, folder / f"part-{number:06d}.parquet")
+            path = write_part_file(data, folder / f"part-{number:06d}.parquet", self.compression)
         except Exception as error:  # noqa: BLE001 - a failed write must never reach the training loop
             self._errors += 1
             self._failed += n_rows
@@ -358,203 +299,9 @@ class ParquetStreamWriter:
             return
         self._written += n_rows
         self._parts += 1
-        with self._parts_lock:
-            parts = self._written_parts.setdefault(table, [])
-            parts.append(_Part(number, number, n_rows, path))
-            due = self.compact_parts > 0 and self._due_run(parts) is not None
-        if due:
-            self._compact_due.set()
+        if self.compactor is not None:
+            self.compactor.added(table, Part(number, number, n_rows, path))
 
-    def _write_file(self, data: pa.Table, path: Path) -> Path:
-        """Write ``data`` to ``path`` all or nothing: to ``path.tmp``, then ``os.replace``."""
-        tmp = path.with_name(path.name + ".tmp")
-        try:
-            exact = _non_float_columns(data.schema)
-            pq.write_table(
-                data, tmp, compression=self.compression, write_statistics=exact, use_dictionary=exact
-            )
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
-        return path
-
-    def _take_lock(self) -> int | None:
-        """Hold this run's writer lock for ``rank``; ``None`` (and ``refused`` set) if another writer holds it.
-
-        Where the lock file cannot be made or the file system has no locks, the writer goes on unlocked.
-        """
-        try:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.run_dir / f".writer-rank{self.rank}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError:
-            return None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another writer"
-            os.close(fd)
-            self.refused = f"run {self.run_dir.name!r} rank {self.rank} is being written by {holder}"
-            return None
-        except OSError:
-            os.close(fd)
-            return None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
-        return fd
-
-    def _release_lock(self) -> None:
-        if self._lock_fd is not None:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)  # for a forked child holding a copy too
-            os.close(self._lock_fd)
-            self._lock_fd = None
-
-    # ------------------------------------------------------------------ compaction thread
-    def _due_run(self, parts: list[_Part], force: bool = False) -> tuple[int, int] | None:
-        """``(start, end)`` of the parts to merge next, or None (call with the lock held).
-
-        Levels never rise from older to newer parts, so each level's parts sit in a row; a level is due
-        once ``compact_parts`` of its parts (each under ``compact_rows`` rows) are there, the lowest first.
-        With ``force`` (at close): the trailing parts under ``compact_rows`` rows whatever their level,
-        once there are two.
-        """
-        end = len(parts)
-        if force:
-            start = end
-            while start > 0 and parts[start - 1].rows < self.compact_rows:
-                start -= 1
-            return (start, end) if end - start >= 2 else None
-        while end > 0:
-            level, start = parts[end - 1].level, end
-            while start > 0 and parts[start - 1].level == level and parts[start - 1].rows < self.compact_rows:
-                start -= 1
-            if end - start >= self.compact_parts:
-                return start, end
-            if start == end:  # the newest part is already large: nothing older is small
-                return None
-            end = start
-        return None
-
-    def _stop_compactor(self) -> None:
-        """Let the compaction thread end: after merging the leftovers when compacting at close."""
-        if self._compactor is None:
-            return
-        self._stopping = True
-        self._compact_due.set()
-        if self._compact_at_close:
-            self._compactor.join()
-
-    def _compact_loop(self) -> None:
-        while True:
-            self._compact_due.wait()
-            self._compact_due.clear()
-            stopping = self._stopping
-            if stopping and not self._compact_at_close:
-                return
-            for table in list(self._written_parts):
-                while self._compact(table, force=stopping):  # a merge can make the next level due
-                    pass
-            if stopping:
-                return
-
-    def _compact(self, table: str, force: bool = False) -> bool:
-        """Rewrite the run of parts ``_due_run`` names as one ``part-A-B.parquet``, then delete them; True
-        if it did. The parts of a run hold contiguous flush numbers. A failure leaves the parts as they
-        were (nothing is lost) and is recorded in ``last_error``.
-        """
-        with self._parts_lock:
-            parts = self._written_parts.get(table, [])
-            run = self._due_run(parts, force)
-            if run is None:
-                return False
-            merged_parts = parts[run[0] : run[1]]
-        first, last = merged_parts[0].first, merged_parts[-1].last
-        path = merged_parts[0].path.with_name(f"part-{first:06d}-{last:06d}.parquet")
-        try:
-            rows = self._merge(merged_parts, path)
-        except Exception as error:  # noqa: BLE001 - compaction is an optimisation; the parts stay readable
-            self._error = f"{table}: compaction failed: {type(error).__name__}: {error}"
-            return False
-        level = 1 + max(part.level for part in merged_parts)
-        with self._parts_lock:  # the writer appended meanwhile; the merged ones are still in a row
-            at = next(i for i, part in enumerate(parts) if part is merged_parts[0])
-            parts[at : at + len(merged_parts)] = [_Part(first, last, rows, path, level)]
-        for part in merged_parts:
-            part.path.unlink(missing_ok=True)
-        return True
-
-    def _merge(self, parts: list[_Part], path: Path) -> int:
-        """Write the rows of ``parts`` to ``path`` all or nothing, ``MERGE_ROWS`` rows in memory at a time;
-        returns the row count. Each part is opened (its footer read) once and decoded on this thread alone
-        (no Arrow thread pool taking the trainer's cores)."""
-        tmp = path.with_name(path.name + ".tmp")
-        rows, held, held_rows = 0, [], 0
-        try:
-            with contextlib.ExitStack() as opened:
-                sources = [opened.enter_context(pq.ParquetFile(part.path)) for part in parts]
-                schema = pa.unify_schemas([s.schema_arrow for s in sources], promote_options="permissive")
-                exact = _non_float_columns(schema)
-                with pq.ParquetWriter(
-                    tmp, schema, compression=self.compression, write_statistics=exact, use_dictionary=exact
-                ) as out:
-                    for source in sources:
-                        for batch in source.iter_batches(batch_size=MERGE_ROWS, use_threads=False):
-                            held.append(batch if batch.schema == schema else _aligned(batch, schema))
-                            held_rows += batch.num_rows
-                            if held_rows >= MERGE_ROWS:
-                                out.write_table(pa.Table.from_batches(held), row_group_size=held_rows)
-                                rows, held, held_rows = rows + held_rows, [], 0
-                    if held:
-                        out.write_table(pa.Table.from_batches(held), row_group_size=held_rows)
-                        rows += held_rows
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
-        return rows
-
-
-MERGE_ROWS = 131_072
-"""Rows a compaction holds in memory at a time (and the row-group size of a merged part)."""
-
-
-def _aligned(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
-    """``batch`` with ``schema``'s columns in its order: missing ones null, others cast to its types."""
-    columns = []
-    for field in schema:
-        index = batch.schema.get_field_index(field.name)
-        column = pa.nulls(batch.num_rows, field.type) if index < 0 else batch.column(index)
-        columns.append(column if column.type == field.type else column.cast(field.type))
-    return pa.RecordBatch.from_arrays(columns, schema=schema)
-
-
-@dataclass
-class _Part:
-    """A part file this writer wrote: the flush numbers it holds, its rows, its path and its merge level
-    (0: written by one flush; ``k + 1``: merged from level-``k`` parts)."""
-
-    first: int
-    last: int
-    rows: int
-    path: Path
-    level: int = 0
-
-
-def _non_float_columns(schema: pa.Schema) -> list[str]:
-    """Columns written with min/max statistics and dictionary encoding: all but floating-point ones.
-
-    Statistics: Parquet's float statistics leave NaN out, and DuckDB (2.0, duckdb/duckdb#25521) trusts
-    them: with ``max`` finite it folds ``isnan(x)`` to false and drops NaN rows from ``x > c``, so a run's
-    NaN loss would be invisible to a query. Without float statistics DuckDB reads the values as they are.
-    Dictionary: metric floats rarely repeat, so pyarrow builds each float dictionary only to abandon it;
-    leaving floats plain nearly doubles the write rate (``benchmarks/bench_writer.py``) for files within
-    a few percent of the size (measured on ``sample_logs``).
-    """
-    return [field.name for field in schema if not pa.types.is_floating(field.type)]
-
-
-def _payload_rows(payload: Any) -> int:
-    """Rows in one queued payload (a list of row dicts, a dict of columns, or Arrow data)."""
-    if isinstance(payload, list):
-        return len(payload)
-    if isinstance(payload, pa.Table | pa.RecordBatch):
-        return payload.num_rows
-    return len(next(iter(payload.values()), []))
+    def _compaction_failed(self, message: str) -> None:
+        """The compaction thread's only write to the writer's counters."""
+        self._error = message

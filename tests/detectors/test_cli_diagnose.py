@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from sorl_monitor import Monitor
 from sorl_monitor.cli.main import app
 from sorl_monitor.dashboard.report import FIGURES_PER_RUN
-from sorl_monitor.write.writer import write_json_atomic
+from sorl_monitor.write.part_files import write_json_atomic
 from tests.helpers.synthetic import KEYS, ONSET, collapse_reward, pattern_rows, stable_rows, write_rows
 
 ROOT = Path(__file__).resolve().parents[2]

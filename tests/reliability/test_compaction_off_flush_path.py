@@ -40,24 +40,24 @@ on 2 cores, and 2× below what a merge on the flush path costs."""
 
 def pause_merges(writer: ParquetStreamWriter, pause_s: float) -> None:
     """Make each of ``writer``'s merges sleep ``pause_s`` seconds first (on the thread the merge runs on)."""
-    merge = writer._merge
+    merge = writer.compactor.merge
 
     def slow_merge(parts, path):
         time.sleep(pause_s)
         return merge(parts, path)
 
-    writer._merge = slow_merge
+    writer.compactor.merge = slow_merge
 
 
 SLOW_MERGE_CHILD = """
 import runpy, sys, time
-from sorl_monitor.write.writer import ParquetStreamWriter
-pause_s, merge = float(sys.argv[1]), ParquetStreamWriter._merge
+from sorl_monitor.write.compaction import Compactor
+pause_s, merge = float(sys.argv[1]), Compactor.merge
 def slow_merge(self, parts, path):
     if path.parent.parent.name == "turns":  # the merge the parent waits for; the other tables' stay quick
         time.sleep(pause_s)
     return merge(self, parts, path)
-ParquetStreamWriter._merge = slow_merge
+Compactor.merge = slow_merge
 sys.argv = ["crash_child", *sys.argv[2:]]
 runpy.run_module("tests.helpers.crash_child", run_name="__main__")
 """
