@@ -342,7 +342,7 @@ def fleet_server_cost(root: Path) -> None:
     started = time.perf_counter()
     with contextlib.closing(LiveRuns(root, run_paths=[listed.runs[0].path])) as live:
         live.refresh()
-        live.run_infos()
+        live.run_states()
     print(
         f"{'  + the most urgent run opened (LiveRuns run_paths)':<62} {time.perf_counter() - started:.2f} s"
     )
@@ -353,7 +353,7 @@ def fleet_server_cost(root: Path) -> None:
             f"{'without the table: every run opened (LiveRuns.refresh)':<62} {time.perf_counter() - started:.1f} s"
         )
         started = time.perf_counter()
-        live.run_infos()
+        live.run_states()
         print(
             f"{'  + every run listed (run_infos: collapse label of each)':<62} {time.perf_counter() - started:.1f} s"
         )

@@ -343,7 +343,7 @@ def _watch(
             while True:
                 live.refresh()
                 # the status as of this refresh: a finished run's parts were all on disk before it
-                info = live.run_info(run_id)
+                info = live.run_state(run_id)
                 logged = live.alerts(run_id).to_pylist()
                 events = [
                     (r["step"], r["detector"], r["severity"], _alert_line(r), alert_text(run_id, r))

@@ -79,7 +79,7 @@ if fleet is None:  # every run of the folder is opened: its run list, the first 
         )
         st.stop()
     run_ids = live.run_ids()
-    first_runs = overview_view.most_urgent(live.run_infos())
+    first_runs = overview_view.most_urgent(live.run_states())
 else:  # a fleet: the run list comes from its verdict table, and only the runs picked are opened
     with view_parts.shown_errors("reading the verdict table"):
         fleet.refresh()

@@ -9,7 +9,7 @@ import streamlit as st
 
 from sorl_monitor.dashboard import view_parts
 from sorl_monitor.dashboard.verdict_line import ALARMING, colored_status, plain, verdict_line
-from sorl_monitor.diagnose.live import LiveRuns, RunInfo
+from sorl_monitor.diagnose.live import LiveRuns, LiveRunState
 from sorl_monitor.figures.notes import length_note, log_zero_notes
 from sorl_monitor.figures.overview import OverviewOptions, overview_figure
 from sorl_monitor.figures.panels import logged_panels
@@ -43,7 +43,7 @@ def _overview(live: LiveRuns, run_ids: list[str], options: OverviewOptions) -> N
                 )  # fmt: skip
                 st.caption(LEGEND)
         for run_id in run_ids:
-            head.markdown(status_line(run_id, live.run_info(run_id), live))
+            head.markdown(status_line(run_id, live.run_state(run_id), live))
             note = view_parts.run_notes(live, run_id)
             if note:
                 head.info(note)
@@ -77,7 +77,7 @@ def data_notes(live: LiveRuns, run_id: str, options: OverviewOptions) -> list[st
     return [f"{plain(run_id)} · {note}" for note in (*notes, *([length] if length else []))]
 
 
-def status_line(run_id: str, info: RunInfo | None, live: LiveRuns | None = None) -> str:
+def status_line(run_id: str, info: LiveRunState | None, live: LiveRuns | None = None) -> str:
     """``**run** · algorithm · state · step N · reward R · last write S s ago`` (markdown)."""
     if info is None:
         return f"**{plain(run_id)}** · gone"
@@ -95,7 +95,7 @@ def status_line(run_id: str, info: RunInfo | None, live: LiveRuns | None = None)
     return " · ".join(parts)
 
 
-def urgency(info: RunInfo, status: str | None) -> tuple[int, float]:
+def urgency(info: LiveRunState, status: str | None) -> tuple[int, float]:
     """Sort key, most urgent first: the verdict's alarming statuses in ``ALARMING`` order (a collapse label
     counts as ``collapsed`` until the verdict is in), then the rest, most recently written first."""
     status = status or ("collapsed" if info.collapse_step is not None else None)
@@ -103,7 +103,7 @@ def urgency(info: RunInfo, status: str | None) -> tuple[int, float]:
     return rank, info.idle_s if info.idle_s is not None else float("inf")
 
 
-def most_urgent(infos: Sequence[RunInfo], statuses: dict[str, str] | None = None) -> list[str]:
+def most_urgent(infos: Sequence[LiveRunState], statuses: dict[str, str] | None = None) -> list[str]:
     """The run the first page opens on: the most urgent (``urgency``); none when there are no runs."""
     statuses = statuses or {}
     ranked = sorted(infos, key=lambda info: urgency(info, statuses.get(info.run_id)))
@@ -115,7 +115,7 @@ def run_status(live: LiveRuns, known: list[str]) -> None:
     page when a new run appears."""
     with view_parts.shown_errors("the run list"):
         live.refresh()
-        infos = live.run_infos()
+        infos = live.run_states()
         if [info.run_id for info in infos] != known:
             st.rerun()
         first = not st.session_state.get("sidebar-verdicts")  # the first paint is not slowed by post-mortems
@@ -134,13 +134,13 @@ def run_status(live: LiveRuns, known: list[str]) -> None:
 
 def _known_status(live: LiveRuns, run_id: str) -> str | None:
     """The run's verdict status when its post-mortem is in (asked for without waiting), else ``None``."""
-    if not live.run_info(run_id) or not live.run_info(run_id).updates:
+    if not live.run_state(run_id) or not live.run_state(run_id).updates:
         return None
     verdict = live.verdict(run_id, wait_s=0)
     return None if verdict is None else verdict.status
 
 
-def _sidebar_line(info: RunInfo, status: str | None, algorithm: str) -> str:
+def _sidebar_line(info: LiveRunState, status: str | None, algorithm: str) -> str:
     """``status · run`` then ``algorithm · state · step N`` in small grey text."""
     mark = colored_status(status) if status else (":red[**collapsed**]" if info.collapse_step else "…")
     detail = " · ".join(

@@ -10,10 +10,11 @@ import streamlit as st
 
 from sorl_monitor.dashboard import view_parts
 from sorl_monitor.dashboard.verdict_line import plain
-from sorl_monitor.diagnose.live import LiveRuns, latest_reused_step
+from sorl_monitor.diagnose.live import LiveRuns
 from sorl_monitor.figures.overview import OverviewOptions
 from sorl_monitor.figures.series import XAxis
 from sorl_monitor.figures.turns import StepRatios, ratio_distribution_figure, turn_heatmap_figure
+from sorl_monitor.read.live_tables import latest_reused_step
 
 NO_TURNS = (
     "Run {run_id} has no turn rows: `Monitor.log_update` writes them when the batch has turns "

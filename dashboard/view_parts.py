@@ -144,7 +144,7 @@ def algorithm_words(live: LiveRuns, run_id: str, algorithm: str | None) -> str:
 
 def run_notes(live: LiveRuns, run_id: str, table: str | None = None) -> str | None:
     """Why ``run_id`` has nothing to draw yet (``None`` when it has steps), naming unreadable parts."""
-    info = live.run_info(run_id)
+    info = live.run_state(run_id)
     if info is None:
         return f"Run {run_id} is not in {live.log_dir} (any more)."
     if info.updates:

@@ -10,8 +10,9 @@ import pyarrow as pa
 
 from sorl_monitor.diagnose.timeline import Timeline
 from sorl_monitor.figures.rows import axis_refs, run_events, run_rows_layout
-from sorl_monitor.figures.series import XAxis, column_values, downsample, log_axis
+from sorl_monitor.figures.series import XAxis, downsample, log_axis
 from sorl_monitor.figures.style import empty_figure, module_style
+from sorl_monitor.read.step_rows import column_values
 
 
 def module_norms_figure(

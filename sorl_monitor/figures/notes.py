@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from sorl_monitor.figures.panels import Panel
-from sorl_monitor.figures.series import column_values
+from sorl_monitor.read.step_rows import column_values
 
 LENGTH_COLUMNS = (("completion_len_mean", "completion length"), ("response_len_mean", "response length"))
 ZERO_SHARE = 0.02

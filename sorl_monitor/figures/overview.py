@@ -21,7 +21,7 @@ import plotly.graph_objects as go
 from sorl_monitor.diagnose.timeline import FAMILY_ORDER, RunCurves
 from sorl_monitor.figures.notes import flat_range, flat_value
 from sorl_monitor.figures.panels import Panel, alert_spot, logged_panels
-from sorl_monitor.figures.series import XAxis, column_values, downsample, log_axis, smooth
+from sorl_monitor.figures.series import XAxis, downsample, log_axis, smooth
 from sorl_monitor.figures.style import (
     COLLAPSE_COLOR,
     CTN_BAND,
@@ -33,6 +33,7 @@ from sorl_monitor.figures.style import (
     run_color,
     text_px,
 )
+from sorl_monitor.read.step_rows import column_values
 
 DASHES = ("solid", "dash", "dot", "dashdot", "longdash")
 """Line style of a panel's 1st, 2nd, … series when several runs are overlaid (the colour tells the run)."""

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from sorl_monitor.figures.series import column_values
+from sorl_monitor.read.step_rows import column_values
 
 
 @dataclass(frozen=True)

@@ -13,18 +13,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from sorl_monitor.read.step_rows import column_values
+
 X_AXES = {"step": "step", "iteration": "iteration", "wall time": "wall_time"}
 """The x axes a figure can draw over: label → ``steps`` column."""
-
-
-def column_values(table: pa.Table, name: str) -> np.ndarray:
-    """A numeric column as float64 with nulls as NaN (NaN everywhere when the table lacks it)."""
-    if name not in table.column_names:
-        return np.full(table.num_rows, np.nan)
-    column = table.column(name)
-    if not (pa.types.is_floating(column.type) or pa.types.is_integer(column.type)):
-        column = column.cast(pa.float64())
-    return column.to_numpy(zero_copy_only=False).astype(np.float64)
 
 
 def minmax_indices(values: np.ndarray, max_points: int) -> np.ndarray:

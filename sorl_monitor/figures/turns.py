@@ -13,8 +13,9 @@ import pyarrow as pa
 
 from sorl_monitor.diagnose.timeline import Timeline
 from sorl_monitor.figures.rows import axis_refs, run_events, run_rows_layout
-from sorl_monitor.figures.series import XAxis, column_values
+from sorl_monitor.figures.series import XAxis
 from sorl_monitor.figures.style import FONT, MISSING_CELL, empty_figure, run_color
+from sorl_monitor.read.step_rows import column_values
 
 RATIO_SUMMARY = ("ratio_min", "ratio_p01", "ratio_mean", "ratio_p99", "ratio_max")
 """The step's token-ratio summary drawn beside the turn ratios (``steps`` columns)."""

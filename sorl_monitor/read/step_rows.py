@@ -9,6 +9,7 @@ they average each rank's rows per block of ``DetectorConfig.smooth_steps`` steps
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -56,3 +57,13 @@ def _aggregated_name(name: str) -> str:
         if name.endswith(suffix):
             return name[: -len(suffix)]
     return name
+
+
+def column_values(table: pa.Table, name: str) -> np.ndarray:
+    """A numeric column as float64 with nulls as NaN (NaN everywhere when the table lacks it)."""
+    if name not in table.column_names:
+        return np.full(table.num_rows, np.nan)
+    column = table.column(name)
+    if not (pa.types.is_floating(column.type) or pa.types.is_integer(column.type)):
+        column = column.cast(pa.float64())
+    return column.to_numpy(zero_copy_only=False).astype(np.float64)

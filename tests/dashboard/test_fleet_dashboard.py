@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import sorl_monitor.diagnose.live
+from sorl_monitor.read import live_tables
 from sorl_monitor.read.verdict_table import read_verdicts
 from tests.helpers.browser import drawn_chart, start_dashboard, stop
 from tests.helpers.dashboard_app import assert_clean, charts, open_app, page_text
@@ -33,13 +33,13 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def opened(monkeypatch: pytest.MonkeyPatch) -> list:
     """What the dashboard's ``LiveRuns`` asked the query layer to open, call by call."""
     calls: list = []
-    real = sorl_monitor.diagnose.live.open_runs
+    real = live_tables.open_runs
 
     def spy(paths, *args, **kwargs):
         calls.append(paths)
         return real(paths, *args, **kwargs)
 
-    monkeypatch.setattr(sorl_monitor.diagnose.live, "open_runs", spy)
+    monkeypatch.setattr(live_tables, "open_runs", spy)
     return calls
 
 

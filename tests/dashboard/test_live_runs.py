@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from sorl_monitor import Monitor
-from sorl_monitor.diagnose import live as live_module
 from sorl_monitor.diagnose.detectors import detect
-from sorl_monitor.diagnose.live import LiveRuns, latest_reused_step
+from sorl_monitor.diagnose.live import LiveRuns
 from sorl_monitor.diagnose.postmortem import label_collapse, postmortem
+from sorl_monitor.read import live_tables
+from sorl_monitor.read.live_tables import latest_reused_step
 from sorl_monitor.read.query import open_runs
 from sorl_monitor.read.views import Views
 from tests.helpers.dashboard_app import GUARDED
@@ -91,10 +92,10 @@ def test_new_updates_of_a_run_being_written_appear_on_refresh(tmp_path):
     with Monitor(tmp_path, "live", flush_interval_s=0.05) as mon:
         log_updates(mon, 3)
         live = fresh(tmp_path)
-        before = live.run_info("live")
+        before = live.run_state("live")
         log_updates(mon, 4, seed=1)
         live.refresh()
-        after = live.run_info("live")
+        after = live.run_state("live")
 
     assert (before.updates, before.last_step, before.status) == (3, 2, "live")
     assert (after.updates, after.last_step) == (7, 6)
@@ -150,7 +151,7 @@ def test_an_empty_folder_waits_for_runs_and_picks_up_the_first_one(tmp_path):
 def test_a_run_that_has_not_logged_an_update_is_live_with_no_steps(tmp_path):
     mon = Monitor(tmp_path, "starting")
     try:
-        info = fresh(tmp_path).run_info("starting")
+        info = fresh(tmp_path).run_state("starting")
     finally:
         mon.close()
     assert (info.status, info.updates, info.last_step) == ("live", 0, None)
@@ -164,7 +165,7 @@ def test_finished_and_failed_runs_show_their_status(tmp_path):
     log_updates(failed, 2)
     failed.close("failed")
 
-    statuses = {info.run_id: info.status for info in fresh(tmp_path).run_infos()}
+    statuses = {info.run_id: info.status for info in fresh(tmp_path).run_states()}
     assert statuses == {"done": "finished", "crashed": "failed"}
 
 
@@ -177,7 +178,7 @@ def test_collapse_step_is_the_postmortem_label_on_a_synthetic_reward_collapse(tm
         expected = label_collapse(runs).column("collapse_step")[0].as_py()
     assert expected is not None
     assert live.collapse_step("synthetic-collapse") == expected
-    assert f"collapsed at {expected}" in live.run_info("synthetic-collapse").label
+    assert f"collapsed at {expected}" in live.run_state("synthetic-collapse").label
 
 
 def test_rows_of_one_step_from_two_ranks_are_averaged(tmp_path):
@@ -342,9 +343,9 @@ def test_the_verdict_is_computed_over_the_same_run_set_the_views_read(tmp_path, 
     with Monitor(tmp_path, "run", flush_interval_s=0.05) as mon:
         log_updates(mon, 4)
     opened = []
-    original = live_module.open_runs
+    original = live_tables.open_runs
     monkeypatch.setattr(
-        live_module, "open_runs", lambda *args, **kwargs: opened.append(args) or original(*args, **kwargs)
+        live_tables, "open_runs", lambda *args, **kwargs: opened.append(args) or original(*args, **kwargs)
     )
     live = fresh(tmp_path)
 

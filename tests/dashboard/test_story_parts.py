@@ -11,7 +11,7 @@ import pytest
 from sorl_monitor.dashboard import links
 from sorl_monitor.dashboard.overview_view import most_urgent
 from sorl_monitor.dashboard.verdict_line import status_words, verdict_line, warning_alert
-from sorl_monitor.diagnose.live import RunInfo
+from sorl_monitor.diagnose.live import LiveRunState
 from sorl_monitor.diagnose.postmortem import Verdict
 from sorl_monitor.diagnose.timeline import alert_onsets
 from sorl_monitor.figures.notes import flat_range, flat_value, length_note, log_zero_notes
@@ -41,8 +41,8 @@ def test_a_default_choice_still_names_its_runs_and_view_and_unknown_values_fall_
     assert read == links.Choice(("z",), "Overview", "step", 0, ("KL",), ("ratio", "kl"))
 
 
-def _info(run_id: str, collapse: int | None, idle: float) -> RunInfo:
-    return RunInfo(run_id, "", "ppo", "finished", 10, 9, 0.5, collapse, idle)
+def _info(run_id: str, collapse: int | None, idle: float) -> LiveRunState:
+    return LiveRunState(run_id, "", "ppo", "finished", 10, 9, 0.5, collapse, idle)
 
 
 def test_the_first_page_opens_on_the_most_urgent_run():

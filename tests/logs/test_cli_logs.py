@@ -116,7 +116,7 @@ def test_the_dashboard_lists_and_plots_foreign_runs(tmp_path):
     try:
         live.refresh()
         assert live.problem is None
-        infos = {info.run_id: info for info in live.run_infos()}
+        infos = {info.run_id: info for info in live.run_states()}
         assert sorted(infos) == ["m", "tb"]
         assert infos["m"].status == "imported" and infos["m"].updates == len(TRL_STEPS)
         assert live.curves("tb").steps.column("reward_mean").to_pylist()[-1] == pytest.approx(0.6)
