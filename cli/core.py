@@ -18,7 +18,8 @@ from sorl_monitor.cli.console import (
     print_table,
     user_errors,
 )
-from sorl_monitor.read.query import USER_SQL_TIMEOUT_S, metric_summary, run_overview
+from sorl_monitor.read.query import USER_SQL_TIMEOUT_S
+from sorl_monitor.read.summary import metric_summary, run_overview
 
 RunPath = Annotated[str, typer.Argument(help=RUN_PATH_HELP)]
 CsvOption = Annotated[bool, typer.Option("--csv", help="Print CSV.")]

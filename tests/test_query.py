@@ -11,7 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sorl_monitor.read.query import CorruptPartWarning, QueryError, metric_summary, open_runs, run_overview
+from sorl_monitor.read.query import CorruptPartWarning, QueryError, open_runs
+from sorl_monitor.read.summary import metric_summary, run_overview
 from tests.helpers.runs import write_run
 
 

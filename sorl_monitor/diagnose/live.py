@@ -37,8 +37,9 @@ from sorl_monitor.diagnose.postmortem.verdict import Verdict
 from sorl_monitor.diagnose.timeline import RunCurves, Timeline, alert_onsets, ctn_spans
 from sorl_monitor.logs import LogOptions
 from sorl_monitor.read.live_tables import LiveTables
-from sorl_monitor.read.query import STALE_AFTER_S, RunSet
+from sorl_monitor.read.query import RunSet
 from sorl_monitor.read.step_rows import column_values
+from sorl_monitor.read.summary import STALE_AFTER_S
 
 STATUS_LABELS = {
     "running": "live", "finished": "finished", "failed": "failed", "interrupted": "interrupted",

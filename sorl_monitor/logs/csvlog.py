@@ -13,7 +13,8 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from sorl_monitor.logs.file_head import complete_lines, csv_header
-from sorl_monitor.logs.table import ForeignRun, LogFormatError, run_name, step_column, wide_run
+from sorl_monitor.logs.segments import wide_run
+from sorl_monitor.logs.table import ForeignRun, LogFormatError, run_name, step_column
 
 CONVERT = pacsv.ConvertOptions(null_values=[""], strings_can_be_null=True)
 

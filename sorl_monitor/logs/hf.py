@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from sorl_monitor.logs.input_limits import json_loads
+from sorl_monitor.logs.segments import segmented_runs
 from sorl_monitor.logs.table import (
     NO_STEPS,
     ForeignRun,
@@ -22,7 +23,6 @@ from sorl_monitor.logs.table import (
     json_config,
     records_table,
     run_name,
-    segmented_runs,
 )
 
 STATE_FILE = "trainer_state.json"

@@ -33,7 +33,8 @@ from typing import Any
 import numpy as np
 
 from sorl_monitor.logs.console import console_lines, console_text, scan_head
-from sorl_monitor.logs.table import NO_STEPS, ForeignRun, LogWarning, foreign_run, records_table, split_runs
+from sorl_monitor.logs.segments import split_runs
+from sorl_monitor.logs.table import NO_STEPS, ForeignRun, LogWarning, foreign_run, records_table
 
 MAX_DICT_CHARS = 1 << 16
 """Longest line read as a log dict (``ast.literal_eval`` is given nothing longer)."""
@@ -174,7 +175,7 @@ def _logging_steps_in(text: str, lines: list[str], bars: list[tuple[int, int]]) 
 def read(path: Path, name: str, logging_steps: int | None = None) -> list[ForeignRun]:
     """The runs in a captured ``Trainer`` console: one row per training dict, its step by the module's rules.
     A dict printed twice in a row counts once; training started again in the same file (the dicts' ``epoch``
-    going back) is a run of its own (``table.split_runs``), each numbered by the rules on its own lines."""
+    going back) is a run of its own (``segments.split_runs``), each numbered by the rules on its own lines."""
     data = path.read_bytes()  # a half-written dict does not parse, a half-drawn bar does not match
     lines = console_lines(data)
     dicts: list[tuple[int, dict[str, Any]]] = []

@@ -12,14 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from sorl_monitor.logs.input_limits import json_loads
-from sorl_monitor.logs.table import (
-    ForeignRun,
-    LogFormatError,
-    json_config,
-    records_table,
-    step_column,
-    wide_run,
-)
+from sorl_monitor.logs.segments import wide_run
+from sorl_monitor.logs.table import ForeignRun, LogFormatError, json_config, records_table, step_column
 
 
 def step_records(document: Any) -> list[dict] | None:

@@ -18,7 +18,8 @@ import pyarrow.json as pajson
 from sorl_monitor.logs import row_kinds
 from sorl_monitor.logs.file_head import complete_lines
 from sorl_monitor.logs.input_limits import json_loads, too_deep_lines
-from sorl_monitor.logs.table import ForeignRun, LogWarning, flat_record, flatten, records_table, wide_run
+from sorl_monitor.logs.segments import wide_run
+from sorl_monitor.logs.table import ForeignRun, LogWarning, flat_record, flatten, records_table
 
 
 def read_table(path: Path) -> pa.Table:

@@ -27,7 +27,8 @@ import numpy as np
 
 from sorl_monitor.logs.console import console_lines, console_text, scan_head
 from sorl_monitor.logs.file_head import complete_lines
-from sorl_monitor.logs.table import NO_STEPS, ForeignRun, LogWarning, foreign_run, pivot, split_runs
+from sorl_monitor.logs.segments import split_runs
+from sorl_monitor.logs.table import NO_STEPS, ForeignRun, LogWarning, foreign_run, pivot
 
 WORD_COUNTER = re.compile(
     r"(?<![\w-])(step|iteration|iter|update|episode|batch|round)\b\s*[:=#]?\s*\[?\s*(\d+)(?:\s*/\s*\d+)?",
@@ -185,7 +186,7 @@ def looks_like(path: Path) -> bool:
 
 def read(path: Path, name: str) -> list[ForeignRun]:
     """The runs in a hand-written loop's console: one row per counted step (``blocks``); a counter going back
-    starts a run of its own (``table.split_runs``)."""
+    starts a run of its own (``segments.split_runs``)."""
     lines = console_lines(complete_lines(path, lambda _line: False))
     found = blocks(lines)
     rule = "counter"

@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 
 from sorl_monitor.logs.file_head import first_json_line, head
 from sorl_monitor.logs.input_limits import json_loads
+from sorl_monitor.logs.segments import split_runs
 from sorl_monitor.logs.table import (
     STEP_COLUMNS,
     WALL_TIME_COLUMNS,
@@ -28,7 +29,6 @@ from sorl_monitor.logs.table import (
     LogFormatError,
     foreign_run,
     one_row_per_step,
-    split_runs,
     step_column,
 )
 
@@ -131,7 +131,7 @@ def merge_kinds(table: pa.Table, kinds: str) -> tuple[pa.Table, str, list[str]]:
 
 def read_kinds(path: Path, name: str, table: pa.Table, kinds: str, fmt: str = "jsonl") -> list[ForeignRun]:
     """The runs in a JSON-lines table whose rows are of several kinds (module docstring); a restart in the
-    file (its step going back) starts a run of its own (``table.split_runs``)."""
+    file (its step going back) starts a run of its own (``segments.split_runs``)."""
     training = table.filter(pa.array([not is_eval(label) for label in table.column(kinds).to_pylist()]))
     axis = training.column(_step_axis(training))
     steps = (

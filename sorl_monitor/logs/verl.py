@@ -8,7 +8,8 @@ from typing import Any
 
 from sorl_monitor.logs import jsonl
 from sorl_monitor.logs.input_limits import json_loads
-from sorl_monitor.logs.table import ForeignRun, LogFormatError, segmented_runs
+from sorl_monitor.logs.segments import segmented_runs
+from sorl_monitor.logs.table import ForeignRun, LogFormatError
 from sorl_monitor.schema import metric_column
 
 

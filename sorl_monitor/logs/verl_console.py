@@ -19,7 +19,8 @@ import numpy as np
 
 from sorl_monitor.logs.console import console_lines, console_text, scan_head
 from sorl_monitor.logs.file_head import complete_lines
-from sorl_monitor.logs.table import NO_STEPS, ForeignRun, LogWarning, foreign_run, pivot, split_runs
+from sorl_monitor.logs.segments import split_runs
+from sorl_monitor.logs.table import NO_STEPS, ForeignRun, LogWarning, foreign_run, pivot
 from sorl_monitor.schema import metric_column
 
 STEP_LINE = re.compile(r"(?<![\w/.-])step:(\d+)( - \S.*)$")
@@ -102,7 +103,7 @@ def looks_like(path: Path) -> bool:
 def read(path: Path, name: str) -> list[ForeignRun]:
     """The runs in a captured verl console: one row per ``step:N`` line (a step printed again keeps its later
     values; a line of validation metrics only is left out), names mapped with verl's table. A restart in the
-    same file, or two jobs writing one file in turn, gives runs of their own (``table.split_runs``)."""
+    same file, or two jobs writing one file in turn, gives runs of their own (``segments.split_runs``)."""
     lines: list[tuple[int, int, dict[str, float]]] = []
     huge: list[int] = []
     for number, line in enumerate(console_lines(complete_lines(path, lambda _line: False)), 1):

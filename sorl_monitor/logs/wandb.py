@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 from sorl_monitor.logs import csvlog, jsonl
 from sorl_monitor.logs.file_head import csv_header, first_json_line, head, text_kind
 from sorl_monitor.logs.input_limits import json_loads
+from sorl_monitor.logs.segments import wide_run
 from sorl_monitor.logs.table import (
     ForeignRun,
     LogFormatError,
@@ -29,7 +30,6 @@ from sorl_monitor.logs.table import (
     one_row_per_step,
     records_table,
     run_name,
-    wide_run,
 )
 
 EXPORT_STEP = "Step"

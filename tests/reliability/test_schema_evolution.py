@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from sorl_monitor import Monitor
 from sorl_monitor.cli.main import app
-from sorl_monitor.read.query import metric_summary, open_runs, run_overview
+from sorl_monitor.read.query import open_runs
+from sorl_monitor.read.summary import metric_summary, run_overview
 
 
 def write_version_zero_run(run_dir, steps=range(3)):

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from sorl_monitor import Monitor
-from sorl_monitor.read.query import metric_summary, open_runs
+from sorl_monitor.read.query import open_runs
+from sorl_monitor.read.summary import metric_summary
 
 COLUMNS = 1000
 NARROW = 8
