@@ -5,6 +5,4 @@
 - ``verl``: ``MonitoredPolicyLoss`` / ``register_monitored_loss``, ``SorlTracking`` /
   ``install_tracking_backend``, ``ingest_verl_jsonl``.
 - ``trackers``: adapters for the logging hooks of OpenRLHF, ROLL, SkyRL and prime-rl.
-- ``ranks``: the old path of ``sorl_monitor.read.ranks`` (one metric across ranks, and each rank's skew).
-- ``names``: the old path of ``sorl_monitor.metric_names`` (the trainers' metric names → ``steps`` columns).
 """

@@ -1,19 +1,16 @@
 """The detectors' settings (``DetectorConfig``: alert thresholds and windows) and the post-mortem's
 (``PostmortemConfig``: collapse label, root cause) are separate; one ``--config`` file and ``--set`` still set
-both, each name going to the dataclass that has it. The critical thresholds' old names ``<detector>_severe`` are
-read as ``<detector>_critical`` with a one-line deprecation note that never raises."""
+both, each name going to the dataclass that has it."""
 
 from __future__ import annotations
 
 import dataclasses
-import warnings
 
 import pytest
 from typer.testing import CliRunner
 
 from sorl_monitor.cli.main import app
-from sorl_monitor.diagnose.detectors import DetectorConfig, load_config
-from sorl_monitor.diagnose.detectors.config import OLD_NAMES
+from sorl_monitor.diagnose.detectors import DetectorConfig
 from sorl_monitor.diagnose.postmortem import PostmortemConfig, label_collapse, load_configs
 from sorl_monitor.read.query import open_runs
 from tests.helpers.synthetic import collapse_reward, stable_rows, write_rows
@@ -83,44 +80,3 @@ def test_sorl_postmortem_set_routes_a_postmortem_setting_synthetic(tmp_path):
 def test_a_moved_setting_is_not_a_detector_setting():
     with pytest.raises(AttributeError, match="collapse_fraction"):
         DetectorConfig().collapse_fraction  # noqa: B018
-
-
-# ---------------------------------------------------------------------------------------- old names
-def test_an_old_severe_name_in_a_toml_file_is_read_as_critical_with_a_deprecation_note(tmp_path):
-    path = tmp_path / "old.toml"
-    path.write_text("[detectors]\nentropy_rise_severe = 6.0\n")
-    with pytest.warns(
-        FutureWarning, match="entropy_rise_severe is deprecated: read as entropy_rise_critical"
-    ):
-        config = load_config(path)
-    assert config.entropy_rise_critical == 6.0
-
-
-def test_an_old_severe_name_in_set_is_read_as_critical_with_a_deprecation_note():
-    with pytest.warns(FutureWarning, match="grad_norm_spike_severe is deprecated"):
-        detectors, _ = load_configs(None, ["grad_norm_spike_severe=9"])
-    assert detectors.grad_norm_spike_critical == 9.0
-
-
-def test_every_critical_threshold_has_its_old_name_but_clip_frac_severe_is_not_one():
-    """clip_frac_severe was an absolute clip fraction (0.5); clip_rise_critical is a multiple of the run's
-    quiet clip fraction (5), so the old value would not mean the same: it stays an unknown setting."""
-    assert sorted(OLD_NAMES.values()) == sorted(n for n in names(DetectorConfig) if n.endswith("_critical"))
-    assert "clip_frac_severe" not in OLD_NAMES
-
-
-def test_an_old_name_next_to_its_new_name_is_an_error():
-    with pytest.raises(ValueError, match="echo_trap_critical is given twice"):
-        load_config(None, ["echo_trap_severe=0.9", "echo_trap_critical=0.8"])
-
-
-def test_the_deprecation_note_goes_to_stderr_under_w_error_instead_of_raising(capsys):
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        config = load_config(None, ["nonfinite_severe=2"])
-    assert config.nonfinite_critical == 2.0
-    err = capsys.readouterr().err
-    assert (
-        err.strip()
-        == "FutureWarning: detector setting nonfinite_severe is deprecated: read as nonfinite_critical"
-    )

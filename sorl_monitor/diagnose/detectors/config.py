@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from sorl_monitor.settings import check_settings, parse_assignments, read_toml, replace_settings
-from sorl_monitor.warn import warn
 
 
 @dataclass(frozen=True)
@@ -162,31 +161,10 @@ class DetectorConfig:
         return dataclasses.asdict(self)
 
 
-OLD_NAMES = {
-    f"{name.removesuffix('_critical')}_severe": name
-    for name in DetectorConfig.__dataclass_fields__
-    if name.endswith("_critical")
-}
-"""``<detector>_severe``, the critical thresholds' old names, read as ``<detector>_critical`` with a note. Not
-``clip_frac_severe``: an absolute clip fraction, where ``clip_rise_critical`` is a multiple of the quiet level."""
-
-
-def current_names(values: Mapping[str, Any]) -> dict[str, Any]:
-    """``values`` with each old name (``OLD_NAMES``) replaced by its new one, and a deprecation note for it."""
-    renamed = {OLD_NAMES.get(name, name): value for name, value in values.items()}
-    for old in sorted(set(values) & set(OLD_NAMES)):
-        if OLD_NAMES[old] in values:
-            raise ValueError(
-                f"detector setting {OLD_NAMES[old]} is given twice: also as {old} (its old name)"
-            )
-        warn(f"detector setting {old} is deprecated: read as {OLD_NAMES[old]}", 3, FutureWarning)
-    return renamed
-
-
 def config_from_mapping(values: Mapping[str, Any], base: DetectorConfig | None = None) -> DetectorConfig:
-    """``base`` (default: the defaults) with ``values`` applied (TOML values or ``--set`` text; old names
-    allowed, ``current_names``); ``ValueError`` names an unknown key."""
-    return replace_settings(base or DetectorConfig(), current_names(values), "detector setting")
+    """``base`` (default: the defaults) with ``values`` applied (TOML values or ``--set`` text); ``ValueError``
+    names an unknown key."""
+    return replace_settings(base or DetectorConfig(), values, "detector setting")
 
 
 def load_config(toml_path: str | Path | None = None, overrides: Iterable[str] = ()) -> DetectorConfig:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sorl_monitor.diagnose.detectors.config import OLD_NAMES, DetectorConfig, config_from_mapping
+from sorl_monitor.diagnose.detectors.config import DetectorConfig, config_from_mapping
 from sorl_monitor.settings import check_settings, parse_assignments, read_toml, replace_settings
 
 
@@ -92,7 +92,7 @@ def load_configs(
         _without_log_tables(read_toml(toml_path, "detectors")) if toml_path is not None else {},
         parse_assignments(overrides),
     ):
-        unknown = sorted(set(values) - set(known) - set(OLD_NAMES))
+        unknown = sorted(set(values) - set(known))
         if unknown:
             raise ValueError(f"unknown detector setting {unknown[0]!r}; known settings: {', '.join(known)}")
         detectors = config_from_mapping({k: v for k, v in values.items() if k not in own}, detectors)
