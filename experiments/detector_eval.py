@@ -4,13 +4,11 @@
 
 Each run is labelled by the post-mortem's collapse label (``sorl_monitor.diagnose.postmortem.label_collapse``: the
 reward moving average below half its running peak without recovery, or a non-finite loss), which no
-detector sees. The **collapse step** is where the fall starts: the last step, at or before the label's step,
-at which the reward (averaged over ``FALL_MA_STEPS``) was still at least ``FALL_LEVEL`` of its running peak,
-or the post-mortem's own fall start and recovery where ``label_collapse`` gives them. A method *alarms*
-at a critical alert; on a collapsing run the alarm is the first one of the **streak that runs into the
-collapse**: at or after the run's last *recovery* before the collapse step (the reward moving average back
-to ``PEAK_LEVEL`` of its running peak after falling below ``FALL_LEVEL`` of it), so an alert during a dip
-the run came back from earns no lead. It is a detection when it comes at or before the collapse step
+detector sees. The **collapse step** is where the fall starts, as the label gives it (``collapse_step``: the
+first step after the reward moving average last stood within ``PostmortemConfig.peak_band`` of its running
+peak). A method *alarms* at a critical alert; on a collapsing run the alarm is the first one of the **streak
+that runs into the collapse**: at or after the run's last *recovery* before the collapse step (the label's
+``recovered_step``), so an alert during a dip the run came back from earns no lead. It is a detection when it comes at or before the collapse step
 (lead = collapse step − alarm, in optimizer updates; lead share = lead ÷ collapse step); on a stable run
 any critical alert is a false alarm. A run that is not labelled collapsed but whose reward moving average
 dipped below half its peak and recovered is counted apart (an alarm there is neither false nor a detection).
@@ -82,16 +80,6 @@ FITTED: dict[str, tuple[float, ...]] = {
 """The critical thresholds fitted on the corpus, and the grid each is chosen from (any ``<detector>_critical``
 of ``DetectorConfig`` may be added; the grid search holds every combination in memory)."""
 
-FALL_LEVEL = 0.9
-"""The fall starts at the last step the reward moving average was at least this share of its running peak."""
-FALL_MA_STEPS = 16
-"""Where a fall starts and whether a dip recovered is read off the reward averaged over this many steps (two
-detector blocks): the label's 32-step moving average lags a fall by half its span, and on the dev set's 9B
-collapse (a row every 5 steps) it never shows the recovery at step 140 that the rows do."""
-PEAK_LEVEL = 0.95
-"""A recovery: the reward moving average back at this share of its running peak after falling below
-``FALL_LEVEL`` of it. Alerts before the last recovery preceding a collapse are not its precursors."""
-
 OLMO_GRAD_SPIKE_SQL = """
 SELECT run_id, list(step ORDER BY step) AS alarm_steps FROM (
     SELECT run_id, step, grad_norm,
@@ -135,22 +123,6 @@ logged rows, on the loss and (mirrored) on the reward, since an RL loss can be f
 
 BASELINE_PARAMS = {"olmo_window": 128, "olmo_sigmas": 6.0, "foundry_window": 100, "foundry_multiplier": 2.0,
                    "foundry_patience": 4}  # fmt: skip
-
-REWARD_MA_SQL = """
-WITH blocks AS (
-    SELECT run_id, step // $smooth_steps AS block, max(step) AS step,
-           avg(reward_mean) FILTER (WHERE isfinite(reward_mean)) AS reward
-    FROM steps GROUP BY run_id, block
-)
-SELECT run_id, list(step ORDER BY block) AS steps, list(reward_ma ORDER BY block) AS reward_ma
-FROM (SELECT run_id, block, step,
-             avg(reward) OVER (PARTITION BY run_id ORDER BY block
-                               RANGE BETWEEN $ma_blocks - 1 PRECEDING AND CURRENT ROW) AS reward_ma
-      FROM blocks)
-GROUP BY run_id
-"""
-"""Each run's reward moving average over blocks of ``smooth_steps`` (the label's and the detectors' blocks),
-``ma_blocks`` of them (``FALL_MA_STEPS``), one value per block at its last step."""
 
 NEVER = math.inf
 
@@ -239,37 +211,6 @@ class Score:
 
 
 # ------------------------------------------------------------------------------------------ labels
-def fall_start(steps: Sequence[int], reward_ma: Sequence[float | None], label_step: int) -> int:
-    """The last step ``≤ label_step`` whose reward moving average is at least ``FALL_LEVEL`` of its running peak."""
-    start, peak = None, -NEVER
-    for step, value in zip(steps, reward_ma, strict=True):
-        if step > label_step:
-            break
-        if value is None or not math.isfinite(value):
-            continue
-        peak = max(peak, value)
-        if value >= FALL_LEVEL * peak:
-            start = step
-    return label_step if start is None else start
-
-
-def last_recovery(steps: Sequence[int], reward_ma: Sequence[float | None], until: int) -> float:
-    """The last step ``≤ until`` where the reward moving average came back to ``PEAK_LEVEL`` of its running
-    peak after falling below ``FALL_LEVEL`` of it (``-inf``: none)."""
-    found, peak, below = -NEVER, -NEVER, False
-    for step, value in zip(steps, reward_ma, strict=True):
-        if step > until:
-            break
-        if value is None or not math.isfinite(value):
-            continue
-        peak = max(peak, value)
-        if value < FALL_LEVEL * peak:
-            below = True
-        elif below and value >= PEAK_LEVEL * peak:
-            found, below = step, False
-    return found
-
-
 def setting_of(run_id: str) -> str:
     """A run's setting: its run id without a trailing ``-s<seed>``."""
     return re.sub(r"-s\d+$", "", run_id)
@@ -277,31 +218,15 @@ def setting_of(run_id: str) -> str:
 
 def labels(runs: RunSet, config: DetectorConfig, label: PostmortemConfig | None = None) -> list[Labelled]:
     """Every run's label, with where its fall starts and where the alert streak into it may begin: the
-    post-mortem's own (``collapse_step`` at the fall's start, ``confirmed_step``, ``recovered_step``) where
-    ``label_collapse`` gives them, else ``fall_start`` and ``last_recovery`` here."""
+    post-mortem's own (``collapse_step`` at the fall's start, ``confirmed_step``, ``recovered_step``)."""
     out, label = [], label or PostmortemConfig()
-    rows = label_collapse(runs, config, postmortem_config=label).to_pylist()
-    shipped = bool(rows) and "confirmed_step" in rows[0] and "recovered_step" in rows[0]
-    tracks = {}
-    if not shipped:
-        params = {
-            "smooth_steps": config.smooth_steps,
-            "ma_blocks": max(1, FALL_MA_STEPS // config.smooth_steps),
-        }
-        tracks = {
-            r["run_id"]: (r["steps"], r["reward_ma"]) for r in runs.sql(REWARD_MA_SQL, params).to_pylist()
-        }
-    for row in rows:
-        run_id = row["run_id"]
-        label_step = row["confirmed_step"] if shipped else row["collapse_step"]
+    for row in label_collapse(runs, config, postmortem_config=label).to_pylist():
+        run_id, label_step = row["run_id"], row["confirmed_step"]
         dipped = label_step is None and (row["deepest_dip"] or 1.0) < label.collapse_fraction
         onset, streak_from = label_step, -NEVER
-        if shipped and label_step is not None:
+        if label_step is not None:
             onset = row["collapse_step"]
             streak_from = -NEVER if row["recovered_step"] is None else row["recovered_step"]
-        elif label_step is not None and run_id in tracks:
-            onset = fall_start(*tracks[run_id], label_step)
-            streak_from = last_recovery(*tracks[run_id], onset)
         out.append(Labelled(run_id, setting_of(run_id), onset, dipped, bool(row["ends_collapsed"]),
                             label_step=label_step, streak_from=streak_from, last_step=row["last_step"]))  # fmt: skip
     return out

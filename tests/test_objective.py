@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
+from sorl_monitor.remedy.ctn import AdaptiveCtnCoef
 from sorl_monitor.remedy.objective import (
-    AdaptiveCtnCoef,
     ObjectiveSettings,
     kl_k3_capped,
     policy_objective,

@@ -45,10 +45,10 @@ from trl import GRPOConfig, GRPOTrainer
 from sorl_monitor.diagnose.detectors.config import DetectorConfig
 from sorl_monitor.diagnose.detectors.config import config_from_mapping as detector_config
 from sorl_monitor.integrations.trl import CLIPPED_LOSSES, SO_GRPO, TokenTapMixin, update_keys
-from sorl_monitor.remedy.ctn_guard import ARMED, CtnGuard, GuardDecision
+from sorl_monitor.remedy.ctn import CTN_DEFAULTS, CTN_MODES, ctn_controller
+from sorl_monitor.remedy.ctn_guard import ARMED, GuardDecision, guard_for
 from sorl_monitor.remedy.objective import (
     TURN_RATIO_FORMS,
-    AdaptiveCtnCoef,
     ObjectiveSettings,
     ctn_penalty,
     policy_objective,
@@ -56,8 +56,6 @@ from sorl_monitor.remedy.objective import (
     turn_group_advantages,
 )
 from sorl_monitor.write.metrics import masked_mean, turn_ids_from_mask
-
-CTN_MODES = ("off", "on", "auto")
 
 
 @dataclass
@@ -75,20 +73,27 @@ class SORLGRPOConfig(GRPOConfig):
     dual_clip: float | None = field(
         default=None, metadata={"help": "so_grpo: dual-clip bound c > 1; None: off."}
     )
-    ctn: str = field(default="auto", metadata={"help": "CTN: off | on | auto (the detectors switch it)."})
-    ctn_coef: float = field(default=32.0, metadata={"help": "CTN's λ (the lowest when it adapts)."})
-    ctn_target_clip: float | None = field(
-        default=0.05, metadata={"help": "Adaptive λ: the clip fraction to hold; None: fixed λ."}
+    ctn: str = field(
+        default=CTN_DEFAULTS.ctn, metadata={"help": "CTN: off | on | auto (the detectors switch it)."}
     )
-    ctn_coef_max: float = field(default=128.0, metadata={"help": "Adaptive λ's upper bound."})
+    ctn_coef: float = field(
+        default=CTN_DEFAULTS.ctn_coef, metadata={"help": "CTN's λ (the lowest when it adapts)."}
+    )
+    ctn_target_clip: float | None = field(
+        default=CTN_DEFAULTS.ctn_target_clip,
+        metadata={"help": "Adaptive λ: the clip fraction to hold; None: fixed λ."},
+    )
+    ctn_coef_max: float = field(
+        default=CTN_DEFAULTS.ctn_coef_max, metadata={"help": "Adaptive λ's upper bound."}
+    )
     ctn_kl_cap: float | None = field(
-        default=3.0, metadata={"help": "Cap c on the k3 gradient; None: plain k3."}
+        default=CTN_DEFAULTS.ctn_kl_cap, metadata={"help": "Cap c on the k3 gradient; None: plain k3."}
     )
     ctn_quiet_updates: int = field(
-        default=1024, metadata={"help": "auto: quiet updates before CTN goes off."}
+        default=CTN_DEFAULTS.ctn_quiet_updates, metadata={"help": "auto: quiet updates before CTN goes off."}
     )
     ctn_auto_start: str = field(
-        default="on", metadata={"help": "auto: on from the first update (on) or not."}
+        default=CTN_DEFAULTS.ctn_auto_start, metadata={"help": "auto: on from the first update (on) or not."}
     )
     ctn_guard_every: int | None = field(
         default=None, metadata={"help": "auto: updates between looks; None: once per generation batch."}
@@ -138,23 +143,28 @@ OPTIONAL_SETTINGS = ("dual_clip", "ctn_target_clip", "ctn_kl_cap", "ctn_guard_ev
 """Settings whose ``None`` means off; every other number must be a finite one."""
 
 
+def config_default(name: str) -> Any:
+    """``SORLGRPOConfig``'s default of the field ``name``: the one home of the loss settings' defaults."""
+    return SORLGRPOConfig.__dataclass_fields__[name].default
+
+
 @dataclass
 class SorlLossSettings:
-    """What the SO-GRPO loss reads from a ``GRPOConfig`` (a ``SORLGRPOConfig``'s fields, else the defaults)."""
+    """What the SO-GRPO loss reads from a ``GRPOConfig`` (a ``SORLGRPOConfig``'s fields, else its defaults)."""
 
     loss_type: str
-    turn_is: bool = True
-    turn_ratio: str = "geomean"
-    turn_advantage: bool = True
-    dual_clip: float | None = None
-    ctn: str = "auto"
-    ctn_coef: float = 32.0
-    ctn_target_clip: float | None = 0.05
-    ctn_coef_max: float = 128.0
-    ctn_kl_cap: float | None = 3.0
-    ctn_quiet_updates: int = 1024
-    ctn_auto_start: str = "on"
-    ctn_guard_every: int | None = None
+    turn_is: bool = config_default("turn_is")
+    turn_ratio: str = config_default("turn_ratio")
+    turn_advantage: bool = config_default("turn_advantage")
+    dual_clip: float | None = config_default("dual_clip")
+    ctn: str = config_default("ctn")
+    ctn_coef: float = config_default("ctn_coef")
+    ctn_target_clip: float | None = config_default("ctn_target_clip")
+    ctn_coef_max: float = config_default("ctn_coef_max")
+    ctn_kl_cap: float | None = config_default("ctn_kl_cap")
+    ctn_quiet_updates: int = config_default("ctn_quiet_updates")
+    ctn_auto_start: str = config_default("ctn_auto_start")
+    ctn_guard_every: int | None = config_default("ctn_guard_every")
     ctn_detectors: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -276,18 +286,10 @@ class SORLLossMixin:
         self.sorl = SorlLossSettings.of(self.args, overrides)  # type: ignore[attr-defined]
         s = self.sorl
         detectors = detector_config(dict(s.ctn_detectors), DetectorConfig())
-        self.ctn_guard = (
-            CtnGuard(detectors, quiet_updates=s.ctn_quiet_updates, start_active=s.ctn_auto_start == "on")
-            if s.ctn == "auto"
-            else None
-        )
+        self.ctn_guard = guard_for(s.ctn, detectors, s.ctn_quiet_updates, s.ctn_auto_start)
         self.ctn_active = s.ctn == "on" or (self.ctn_guard is not None and self.ctn_guard.active)
         self.ctn_coef = s.ctn_coef
-        self.ctn_controller = (
-            AdaptiveCtnCoef(s.ctn_coef, s.ctn_target_clip, s.ctn_coef, s.ctn_coef_max)
-            if s.ctn_target_clip is not None and s.ctn != "off" and s.ctn_coef > 0
-            else None
-        )
+        self.ctn_controller = ctn_controller(s.ctn, s.ctn_coef, s.ctn_target_clip, s.ctn_coef_max)
         self.ctn_switches: list[tuple[int, bool, str]] = []
         self._sorl_seen: tuple[int, int] | None = None  # (update, generation batch) of the last micro-batch
         self._sorl_batch_clip: list[float] = []

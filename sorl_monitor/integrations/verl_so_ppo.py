@@ -32,10 +32,10 @@ import torch
 
 from sorl_monitor.diagnose.detectors.config import DetectorConfig
 from sorl_monitor.integrations.verl import MonitoredPolicyLoss, config_value
-from sorl_monitor.remedy.ctn_guard import ARMED, CtnGuard, GuardDecision
+from sorl_monitor.remedy.ctn import CTN_DEFAULTS, CTN_MODES, ctn_controller
+from sorl_monitor.remedy.ctn_guard import ARMED, GuardDecision, guard_for
 from sorl_monitor.remedy.objective import (
     TURN_RATIO_FORMS,
-    AdaptiveCtnCoef,
     kl_k3_capped,
     surrogate_objective,
     surrogate_ratio,
@@ -84,20 +84,20 @@ class SorlPolicyLoss(MonitoredPolicyLoss):
         *,
         turn_is: bool = True,
         turn_ratio: str = "geomean",
-        ctn: str = "auto",
-        ctn_coef: float = 32.0,
-        ctn_target_clip: float | None = 0.05,
-        ctn_coef_max: float = 128.0,
-        ctn_kl_cap: float | None = 3.0,
-        ctn_quiet_updates: int = 1024,
-        ctn_auto_start: str = "on",
+        ctn: str = CTN_DEFAULTS.ctn,
+        ctn_coef: float = CTN_DEFAULTS.ctn_coef,
+        ctn_target_clip: float | None = CTN_DEFAULTS.ctn_target_clip,
+        ctn_coef_max: float = CTN_DEFAULTS.ctn_coef_max,
+        ctn_kl_cap: float | None = CTN_DEFAULTS.ctn_kl_cap,
+        ctn_quiet_updates: int = CTN_DEFAULTS.ctn_quiet_updates,
+        ctn_auto_start: str = CTN_DEFAULTS.ctn_auto_start,
         detectors: DetectorConfig | None = None,
         judge_every: int = 4,
         log_dir: str | os.PathLike[str] = "runs",
         run_name: str | None = None,
         **monitor_kwargs: Any,
     ) -> None:
-        if ctn not in ("off", "on", "auto"):
+        if ctn not in CTN_MODES:
             raise ValueError(f"ctn must be off, on or auto, not {ctn!r}")
         if turn_ratio not in TURN_RATIO_FORMS:
             raise ValueError(f"turn_ratio must be one of {', '.join(TURN_RATIO_FORMS)}, not {turn_ratio!r}")
@@ -107,18 +107,10 @@ class SorlPolicyLoss(MonitoredPolicyLoss):
         super().__init__(self.objective, log_dir=log_dir, run_name=run_name, **monitor_kwargs)
         self.turn_is, self.turn_ratio, self.ctn_kl_cap = turn_is, turn_ratio, ctn_kl_cap
         self.judge_every = judge_every
-        self.guard = (
-            CtnGuard(detectors, quiet_updates=ctn_quiet_updates, start_active=ctn_auto_start == "on")
-            if ctn == "auto"
-            else None
-        )
+        self.guard = guard_for(ctn, detectors, ctn_quiet_updates, ctn_auto_start)
         self.ctn_active = ctn == "on" or (self.guard is not None and self.guard.active)
         self.ctn_coef = ctn_coef
-        self.controller = (
-            AdaptiveCtnCoef(ctn_coef, ctn_target_clip, ctn_coef, ctn_coef_max)
-            if ctn_target_clip is not None and ctn != "off" and ctn_coef > 0
-            else None
-        )
+        self.controller = ctn_controller(ctn, ctn_coef, ctn_target_clip, ctn_coef_max)
         self.ctn_switches: list[tuple[int, bool, str]] = []
         self._clip_fracs: list[float] = []
         self._columns: dict[str, float] = {}

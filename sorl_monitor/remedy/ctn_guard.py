@@ -161,3 +161,13 @@ def _switch_on(fired: pa.Table) -> GuardDecision:
         threshold=row["threshold"],
         reason=f"CTN on: {row['detector']} ({row['severity']}): {row['message']}",
     )
+
+
+def guard_for(
+    ctn: str, detectors: DetectorConfig | None, quiet_updates: int, auto_start: str
+) -> CtnGuard | None:
+    """The guard of a trainer in ``ctn`` mode (``ctn.CTN_MODES``): one for ``auto``, on from the first update when
+    ``auto_start`` is ``on``; none for ``on`` and ``off``."""
+    if ctn != "auto":
+        return None
+    return CtnGuard(detectors, quiet_updates=quiet_updates, start_active=auto_start == "on")

@@ -17,7 +17,7 @@ the same functions the monitor logs with::
     L_CTN   = λ · c̄ · mean_t k3_c(log r_t)                          Clipping-Triggered Normalization
     k3_c(x) = k3(x̂) + (e^x̂ − 1)(x − x̂),  x̂ = clamp(x, −log c, log c),  k3(x) = e^x − 1 − x
               (Schulman's k3 continued along its tangent: gradient e^x − 1 inside, ≤ c − 1 outside)
-    λ       ← 2λ if c̄_batch > 1.5·target,  λ/2 if c̄_batch < target/1.5,  within [low, high]  (``AdaptiveCtnCoef``)
+    λ       ← 2λ if c̄_batch > 1.5·target,  λ/2 if c̄_batch < target/1.5,  within [low, high]  (``ctn.AdaptiveCtnCoef``)
 
 SO-PPO is the turn-level ρ with CTN on a critic's turn advantage; SO-GRPO the turn-level ρ with CTN on the
 group advantage taken per turn (``turn_group_advantages``). CTN's ``λ · clip_fraction · KL`` is our
@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from sorl_monitor.remedy.ctn import CTN_DEFAULTS
 from sorl_monitor.write.metrics import (
     broadcast_turns,
     clip_fraction,
@@ -48,7 +49,6 @@ logs); docs/schema.md, "The turn ratio"."""
 
 __all__ = [
     "TURN_RATIO_FORMS",
-    "AdaptiveCtnCoef",
     "ObjectiveSettings",
     "PolicyTerms",
     "clipped_surrogate",
@@ -74,7 +74,7 @@ class ObjectiveSettings:
     """Dual-clip bound ``c`` (> 1) on negative-advantage tokens; None: off (TRL's default)."""
     turn_ratio: str = "geomean"
     """``w̄_k``'s form: ``geomean`` | ``mean`` (``TURN_RATIO_FORMS``)."""
-    ctn_kl_cap: float | None = 3.0
+    ctn_kl_cap: float | None = CTN_DEFAULTS.ctn_kl_cap
     """Cap ``c`` (> 1) on the gradient of CTN's k3 (``kl_k3_capped``); None: plain k3."""
 
 
@@ -234,43 +234,3 @@ def turn_group_advantages(rewards: Tensor, group_ids: Tensor, turn_ids: Tensor) 
     cell = group_ids.unsqueeze(1) * length + k  # one id per (group, turn index)
     per_turn = group_normalize(rewards.unsqueeze(1).expand(batch, length), cell, played)
     return broadcast_turns(per_turn, turn_ids)
-
-
-@dataclass
-class AdaptiveCtnCoef:
-    """CTN's λ as a controller that holds the clip fraction near ``target`` (PPO's adaptive-KL rule, Schulman
-    et al. 2017 §4, applied to the clip fraction CTN multiplies):
-
-        c̄ > 1.5 · target  →  λ ← min(2λ, high)
-        c̄ < target / 1.5  →  λ ← max(λ / 2, low)
-
-    ``c̄`` is the mean clip fraction over one rollout batch's updates. ``update`` returns the new λ when it
-    changed (to be logged), else ``None``; with ``may_raise=False`` λ can only fall (the trainer's
-    ``ctn_raise_unclipped``: no raise while the updates are already gradient-clipped).
-    """
-
-    value: float
-    target: float
-    low: float
-    high: float
-
-    def __post_init__(self) -> None:
-        if not 0 < self.target < 1:
-            raise ValueError(f"the CTN clip-fraction target must be in (0, 1), not {self.target}")
-        if not 0 < self.low <= self.high:
-            raise ValueError(f"CTN λ bounds need 0 < low ≤ high, got {self.low}..{self.high}")
-        self.value = min(max(self.value, self.low), self.high)
-
-    def update(self, clip_frac: float, may_raise: bool = True) -> float | None:
-        if clip_frac > 1.5 * self.target:
-            if not may_raise:
-                return None
-            new = min(2.0 * self.value, self.high)
-        elif clip_frac < self.target / 1.5:
-            new = max(self.value / 2.0, self.low)
-        else:
-            return None
-        if new == self.value:
-            return None
-        self.value = new
-        return new

@@ -12,6 +12,7 @@ from typing import Any
 
 from sorl_monitor.diagnose.detectors.config import DetectorConfig
 from sorl_monitor.diagnose.detectors.config import config_from_mapping as detector_config
+from sorl_monitor.remedy.ctn import CTN_DEFAULTS
 from sorl_monitor.settings import coerce, field_kinds, parse_assignments
 from sorl_monitor.trainer.env import TaskConfig
 from sorl_monitor.trainer.policy import PolicyConfig
@@ -30,12 +31,12 @@ class TrainConfig:
     """ppo | turn_ppo | s_ppo | so_ppo (= st_ppo) | grpo | so_grpo"""
     ctn: str | None = None
     """off | on | auto; default: on for s_ppo / so_ppo / so_grpo, off otherwise."""
-    ctn_coef: float = 32.0
+    ctn_coef: float = CTN_DEFAULTS.ctn_coef
     """λ of CTN: loss += λ · clip_fraction · KL_k3 (the starting and lowest λ when it adapts); default 32."""
-    ctn_target_clip: float | None = 0.05
+    ctn_target_clip: float | None = CTN_DEFAULTS.ctn_target_clip
     """Adaptive λ: hold the clip fraction CTN multiplies near this target (λ doubles above 1.5× it, halves
     below it / 1.5, between ``ctn_coef`` and ``ctn_coef_max``, once per rollout batch); None: fixed λ."""
-    ctn_coef_max: float = 128.0
+    ctn_coef_max: float = CTN_DEFAULTS.ctn_coef_max
     ctn_raise_unclipped: bool = False
     """Adaptive λ: double it only when the batch's CTN updates had a mean gradient norm (before clipping) at
     most ``max_grad_norm``: once updates are clipped, a larger λ only trades policy gradient for CTN's pull."""
@@ -43,14 +44,14 @@ class TrainConfig:
     """Whose clip fraction CTN multiplies: the surrogate's ratio (token, or turn w̄_k) | token (r_t always) |
     proximal (the token ratio ``π_θ/π_prox`` to the learner as this batch's updates began: only the drift this
     batch's reuse made, not the rollouts' staleness; pair it with ``ctn_anchor = "proximal"``)."""
-    ctn_kl_cap: float | None = 3.0
+    ctn_kl_cap: float | None = CTN_DEFAULTS.ctn_kl_cap
     """Bound CTN's k3 gradient: beyond ``r = c`` (and below ``1/c``) the KL continues linearly in ``log r``;
     None: plain k3 (gradient ``r − 1``, unbounded for stale ratios)."""
-    ctn_quiet_updates: int = 1024
+    ctn_quiet_updates: int = CTN_DEFAULTS.ctn_quiet_updates
     """auto: updates without a tripped detector before CTN goes off again; default 1024 (32 rollout
     iterations at 8 × 4 reuse). The detectors judge rises over a run's own quiet level, so they go quiet once
     a rise settles even though the drift remains (how 1024 was chosen: docs/results.md)."""
-    ctn_auto_start: str = "on"
+    ctn_auto_start: str = CTN_DEFAULTS.ctn_auto_start
     """auto: whether CTN is on from the first update (on, the default: armed, then off after
     ``ctn_quiet_updates`` quiet updates and on again at a warning) or waits for the detectors' first warning
     (off). On removes the staleness echo of a first batch without CTN (docs/trainer.md)."""

@@ -25,8 +25,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from sorl_monitor.remedy.ctn_guard import ARMED, CtnGuard, GuardDecision
-from sorl_monitor.remedy.objective import AdaptiveCtnCoef
+from sorl_monitor.remedy.ctn import AdaptiveCtnCoef, ctn_controller
+from sorl_monitor.remedy.ctn_guard import ARMED, CtnGuard, GuardDecision, guard_for
 from sorl_monitor.trainer.algorithms import Algorithm, get_algorithm
 from sorl_monitor.trainer.algorithms.minibatch_loss import LossSettings, LossTerms, Minibatch
 from sorl_monitor.trainer.config import TrainConfig
@@ -171,14 +171,8 @@ class CtnControl:
 
     @classmethod
     def of(cls, cfg: TrainConfig) -> CtnControl:
-        guard = None
-        if cfg.ctn_mode == "auto":
-            guard = CtnGuard(
-                cfg.detectors, quiet_updates=cfg.ctn_quiet_updates, start_active=cfg.ctn_auto_start == "on"
-            )
-        adaptive = None
-        if cfg.ctn_target_clip is not None and cfg.ctn_mode != "off":
-            adaptive = AdaptiveCtnCoef(cfg.ctn_coef, cfg.ctn_target_clip, cfg.ctn_coef, cfg.ctn_coef_max)
+        guard = guard_for(cfg.ctn_mode, cfg.detectors, cfg.ctn_quiet_updates, cfg.ctn_auto_start)
+        adaptive = ctn_controller(cfg.ctn_mode, cfg.ctn_coef, cfg.ctn_target_clip, cfg.ctn_coef_max)
         active = cfg.ctn_mode == "on" or (guard is not None and guard.active)
         return cls(guard, adaptive, active, cfg.ctn_coef)
 

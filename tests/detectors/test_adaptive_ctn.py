@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sorl_monitor.remedy.objective import AdaptiveCtnCoef
+from sorl_monitor.remedy.ctn import AdaptiveCtnCoef
 
 
 def test_lambda_doubles_above_the_band_halves_below_it_and_holds_inside():

@@ -133,22 +133,6 @@ def test_a_run_id_without_a_seed_suffix_is_its_own_setting(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------- fall start, streak
-def test_the_fall_starts_at_the_last_step_the_reward_was_still_near_its_peak():
-    steps = [10, 20, 30, 40, 50, 60]
-    reward = [0.5, 1.0, 0.95, 0.85, 0.4, 0.1]
-    assert detector_eval.fall_start(steps, reward, label_step=60) == 30
-    assert detector_eval.fall_start(steps, [None, 1.0, 0.95, 0.85, float("nan"), 0.1], 60) == 30
-
-
-def test_a_recovery_is_a_return_to_the_peak_after_a_dip_below_the_fall_level():
-    steps = list(range(10, 110, 10))
-    dip_and_back = [0.5, 1.0, 0.6, 0.7, 0.97, 0.99, 0.95, 0.5, 0.2, 0.1]
-    assert detector_eval.last_recovery(steps, dip_and_back, until=80) == 50
-    assert detector_eval.last_recovery(steps, dip_and_back, until=40) == -math.inf  # still in the dip
-    climbing = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.3, 0.2, 0.1]
-    assert detector_eval.last_recovery(steps, climbing, until=100) == -math.inf
-
-
 def test_labels_move_the_collapse_to_where_the_fall_starts_and_void_alerts_before_a_recovered_dip_synthetic(
     tmp_path,
 ):
@@ -164,15 +148,15 @@ def test_labels_move_the_collapse_to_where_the_fall_starts_and_void_alerts_befor
 def test_labels_take_the_fall_and_the_recovery_from_the_post_mortem_where_it_gives_them(
     tmp_path, monkeypatch
 ):
-    """SYNTHETIC label rows as a post-mortem that ships ``confirmed_step`` and ``recovered_step`` gives them."""
+    """SYNTHETIC label rows as the post-mortem gives them (``collapse_step``, ``confirmed_step``, ``recovered_step``)."""
     write_rows(tmp_path, "fall-s1", stable_rows(60))
-    shipped = pa.Table.from_pylist([
+    given = pa.Table.from_pylist([
         {"run_id": "fall-s1", "collapse_step": 40, "confirmed_step": 55, "recovered_step": 24, "deepest_dip": 0.1,
          "ends_collapsed": False, "last_step": 59},
         {"run_id": "calm-s1", "collapse_step": None, "confirmed_step": None, "recovered_step": None,
          "deepest_dip": 0.9, "ends_collapsed": False, "last_step": 59},
     ])  # fmt: skip
-    monkeypatch.setattr(detector_eval, "label_collapse", lambda *args, **kwargs: shipped)
+    monkeypatch.setattr(detector_eval, "label_collapse", lambda *args, **kwargs: given)
     with open_runs(tmp_path) as runs:
         fall, calm = detector_eval.labels(runs, DetectorConfig())
     assert (fall.collapse_step, fall.label_step, fall.streak_from) == (40, 55, 24)

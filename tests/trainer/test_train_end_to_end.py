@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sorl_monitor.read.query import open_runs
+from sorl_monitor.remedy import ctn_guard
 from sorl_monitor.trainer.algorithms import ALGORITHMS
 from sorl_monitor.trainer.config import TrainConfig
 from sorl_monitor.trainer.train import train
@@ -149,9 +150,7 @@ class ScriptedGuard:
 def test_auto_ctn_switches_within_a_rollout_batch_and_lambda_judges_only_updates_with_ctn(
     tmp_path, monkeypatch
 ):
-    import sorl_monitor.trainer.train as train_module
-
-    monkeypatch.setattr(train_module, "CtnGuard", ScriptedGuard)
+    monkeypatch.setattr(ctn_guard, "CtnGuard", ScriptedGuard)  # the guard guard_for builds
     # 2 epochs × 2 mini-batches = 4 updates per batch; the guard looks after every second update
     cfg = tiny("ppo", tmp_path, ctn="auto", ctn_auto_start="off", ctn_guard_every=2, ctn_target_clip=1e-4,
                ctn_coef=1.0, ctn_coef_max=8.0, lr=1e-2)  # fmt: skip
@@ -192,9 +191,7 @@ def test_auto_ctn_switches_within_a_rollout_batch_and_lambda_judges_only_updates
 
 
 def test_auto_ctn_armed_from_the_first_update_logs_the_start_like_a_switch(tmp_path, monkeypatch):
-    import sorl_monitor.trainer.train as train_module
-
-    monkeypatch.setattr(train_module, "CtnGuard", ScriptedGuard)
+    monkeypatch.setattr(ctn_guard, "CtnGuard", ScriptedGuard)  # the guard guard_for builds
     result = train(tiny("ppo", tmp_path, ctn="auto", ctn_auto_start="on"))
     with open_runs(tmp_path) as runs:
         active = runs.sql("SELECT ctn_active FROM steps ORDER BY step").column(0).to_pylist()
