@@ -39,7 +39,7 @@ from sorl_monitor.write.module_tracker import ModuleNormTracker, pre_clip_norms
 from sorl_monitor.write.monitor import Monitor
 from sorl_monitor.write.transfer import to_host
 
-Detector = Callable[[pa.Table], "pa.Table | Iterable[Mapping[str, Any]]"]
+AlertSource = Callable[[pa.Table], "pa.Table | Iterable[Mapping[str, Any]]"]
 """Recent ``steps`` rows → alerts, each with ``step, detector, severity, value, threshold, message``."""
 
 SUMMARY_KEY = "train_runtime"  # the trainer's end-of-training summary log, stored in run.json
@@ -86,7 +86,7 @@ class SorlCallback(TrainerCallback):
             trainer's arguments as config (if it cannot be built, monitoring is off with a warning).
         names: a trainer family of ``names.NAME_TABLES`` or a ``{trainer name: column}`` mapping (default
             TRL's table, which includes transformers' names).
-        detect: alerts from the recent ``steps`` window, run after each row (see ``Detector``).
+        detect: alerts from the recent ``steps`` window, run after each row (see ``AlertSource``).
         stop_on_critical: end training when ``detect`` reports a critical alert.
         close_on_train_end: close the monitor when training ends.
     """
@@ -98,7 +98,7 @@ class SorlCallback(TrainerCallback):
         log_dir: str | os.PathLike[str] = "runs",
         run_name: str | None = None,
         names: str | Mapping[str, str] = "trl",
-        detect: Detector | None = None,
+        detect: AlertSource | None = None,
         stop_on_critical: bool = False,
         close_on_train_end: bool = True,
     ) -> None:

@@ -1,4 +1,4 @@
-"""A user's SQL statement run in the background, so a page can keep drawing, show progress and stop it.
+"""Run a statement in the background, so a page keeps drawing, shows progress and can stop it.
 
     query = BackgroundQuery(run_set, "SELECT …", timeout_s=30, max_rows=10_001)
     while not query.done():

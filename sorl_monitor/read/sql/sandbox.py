@@ -1,4 +1,4 @@
-"""A user's SQL statement in a child process that is killed at its time or memory limit.
+"""The sandbox: a child process that runs one statement, killed at its time or memory limit.
 
 DuckDB checks for ``interrupt()`` between vectors, not inside one function call or while planning:
 ``SELECT length(repeat('x', 2000000000))`` and a 40,000-term ``OR`` ran on for minutes after their time

@@ -1,4 +1,5 @@
-"""A user's SQL statement over a run set's views, in a child process with a time and a memory limit.
+"""The statements users send a run set (``RunSet.user_sql``): each over a snapshot of its views, in a sandbox
+with a time and a memory limit.
 
 ``UserStatements.run`` takes a snapshot of the views (``Views.snapshot``: each view's ``SELECT`` and each
 in-memory table, written once as an Arrow file in the run set's scratch folder), sends it with the
