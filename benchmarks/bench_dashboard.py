@@ -50,7 +50,7 @@ if str(ROOT) not in sys.path:
 
 from fleet_runs import make_fleet  # noqa: E402  (benchmarks/fleet_runs.py, beside this script)
 
-from sorl_monitor import Monitor  # noqa: E402
+from sorl_monitor import Monitor, WriterConfig  # noqa: E402
 from sorl_monitor.dashboard.live_chart import BUNDLE_ENV  # noqa: E402
 from sorl_monitor.diagnose.live import LiveRuns  # noqa: E402
 from sorl_monitor.read.run_list import VerdictList  # noqa: E402
@@ -362,7 +362,7 @@ def fleet_server_cost(root: Path) -> None:
 def live_run(browser: Browser, scratch: Path, turn_rows: int, repeats: int, refreshes: int) -> None:
     log_dir = scratch / "logs"
     mon = Monitor(log_dir, RUN, {"note": "bench_dashboard: random batches"}, algorithm="ppo",
-                  flush_interval_s=0.5, max_pending_rows=10_000_000)  # fmt: skip
+                  writer=WriterConfig(flush_interval_s=0.5, max_pending_rows=10_000_000))  # fmt: skip
     mon.watch(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)))
     started = time.perf_counter()
     log_updates(mon, -(-turn_rows // (EPISODES * TURNS)), torch.Generator().manual_seed(0))

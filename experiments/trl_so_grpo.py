@@ -44,6 +44,8 @@ from typing import Any
 
 import torch
 
+from sorl_monitor import MetricsConfig
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -259,7 +261,8 @@ def train_one(variant: str, seed: int, steps: int, assignments: list[str], log_d
         logging_steps=cfg.epochs * cfg.minibatches, disable_tqdm=True, dataloader_num_workers=0,
     )  # fmt: skip
     monitor = Monitor(log_dir, name, config=run_config(variant, seed, steps, assignments),
-                      algorithm=loss_type, seed=seed, clip_eps=cfg.clip_eps, clip_eps_high=cfg.clip_eps)  # fmt: skip
+                      algorithm=loss_type, seed=seed,
+                      metrics=MetricsConfig(clip_eps=cfg.clip_eps, clip_eps_high=cfg.clip_eps))  # fmt: skip
     trainer = stale_trainer_class()(
         model=model, reward_funcs=env_reward, args=args, train_dataset=data,
         processing_class=env.vocab.hf_tokenizer(), rollout_func=rollout, monitor=monitor,

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import torch
 
-from sorl_monitor import Monitor
+from sorl_monitor import Monitor, WriterConfig
 from sorl_monitor.read.query import open_runs
 from sorl_monitor.write import transfer
 from sorl_monitor.write.in_flight import MAX_IN_FLIGHT
-from sorl_monitor.write.metrics import update_metrics
+from sorl_monitor.write.update_metrics import update_metrics
 from tests.helpers.deferred_copy import hold, small_model, synthetic_update
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,7 +35,7 @@ def log_run(tmp_path, name: str, held=None, updates: int = 7) -> tuple[list[dict
     generator = torch.Generator().manual_seed(0)
     model = small_model()
     direct = []
-    with Monitor(tmp_path, name, flush_interval_s=3600) as mon:
+    with Monitor(tmp_path, name, writer=WriterConfig(flush_interval_s=3600)) as mon:
         mon.watch(model)
         for i in range(updates):
             inputs = synthetic_update(generator, model)
@@ -97,7 +97,7 @@ def test_log_update_returns_the_newest_assembled_row_and_waits_only_when_asked(t
     held = hold(monkeypatch)
     generator = torch.Generator().manual_seed(1)
     model = small_model()
-    with Monitor(tmp_path, "ret", flush_interval_s=3600) as mon:
+    with Monitor(tmp_path, "ret", writer=WriterConfig(flush_interval_s=3600)) as mon:
         first = synthetic_update(generator, model)
         assert mon.log_update(**first) == {}  # nothing has landed yet
         second = synthetic_update(generator, model)
@@ -119,7 +119,7 @@ def test_one_host_copy_per_update_and_no_wait_in_the_step(tmp_path, monkeypatch)
     hold(monkeypatch)
     generator = torch.Generator().manual_seed(2)
     model = small_model()
-    with Monitor(tmp_path, "count", flush_interval_s=3600) as mon:
+    with Monitor(tmp_path, "count", writer=WriterConfig(flush_interval_s=3600)) as mon:
         mon.watch(model)
         copies, waits = transfer.STATS.copies, transfer.STATS.waits
         for i in range(MAX_IN_FLIGHT):
@@ -162,7 +162,7 @@ def test_log_update_reads_no_tensor_on_the_host_and_builds_none_from_python_data
     hold(monkeypatch)
     generator = torch.Generator().manual_seed(3)
     model = small_model()
-    with Monitor(tmp_path, "reads", flush_interval_s=3600) as mon:
+    with Monitor(tmp_path, "reads", writer=WriterConfig(flush_interval_s=3600)) as mon:
         mon.watch(model)
         mon.log_update(**synthetic_update(generator, model))
         reads = HostReads(monkeypatch)
@@ -179,7 +179,7 @@ def test_close_writes_the_rows_of_updates_whose_copies_are_still_in_flight(tmp_p
     held = hold(monkeypatch)
     generator = torch.Generator().manual_seed(4)
     model = small_model()
-    mon = Monitor(tmp_path, "close", flush_interval_s=3600)
+    mon = Monitor(tmp_path, "close", writer=WriterConfig(flush_interval_s=3600))
     mon.watch(model)
     for step in range(3):
         mon.log_update(step=step, **synthetic_update(generator, model))
@@ -195,7 +195,7 @@ def test_close_writes_the_rows_of_updates_whose_copies_are_still_in_flight(tmp_p
 def test_watch_every_k_measures_module_norms_on_every_kth_update(tmp_path):
     generator = torch.Generator().manual_seed(5)
     model = small_model()
-    with Monitor(tmp_path, "every", flush_interval_s=3600) as mon:
+    with Monitor(tmp_path, "every", writer=WriterConfig(flush_interval_s=3600)) as mon:
         mon.watch(model, every=3)
         rows = [mon.log_update(**synthetic_update(generator, model)) for _ in range(7)]
     assert [math.isfinite(row.get("param_norm", math.nan)) for row in rows] == [

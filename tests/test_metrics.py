@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from sorl_monitor.write import metrics as M
+from sorl_monitor.write.update_metrics import update_metrics
 
 EPS = 0.2
 
@@ -166,7 +167,7 @@ def reference_of(logp, old_logp, mask, adv, values, rewards, groups):
 )
 def test_update_metrics_match_naive_reference(seed, extreme, nonfinite):
     logp, old_logp, mask, adv, values, rewards, groups = awkward_batch(seed, extreme, nonfinite)
-    got = M.update_metrics(
+    got = update_metrics(
         logp, old_logp, mask, advantages=adv, values=values, rewards=rewards, group_ids=groups, clip_eps=EPS
     )
     expected, _ = reference_of(logp, old_logp, mask, adv, values, rewards, groups)
@@ -179,7 +180,7 @@ def test_update_metrics_match_naive_reference(seed, extreme, nonfinite):
 
 def test_per_turn_rows_match_naive_reference():
     logp, old_logp, mask, adv, values, rewards, groups = awkward_batch(5, nonfinite=True)
-    got = M.update_metrics(logp, old_logp, mask, advantages=adv, values=values, rewards=rewards, clip_eps=EPS)
+    got = update_metrics(logp, old_logp, mask, advantages=adv, values=values, rewards=rewards, clip_eps=EPS)
     _, rows = reference_of(logp, old_logp, mask, adv, values, rewards, groups)
     valid = got.turn_valid.numpy()
     assert valid.sum() == len(rows)
@@ -195,7 +196,7 @@ def test_per_turn_rows_match_naive_reference():
 
 def test_nonfinite_inputs_are_counted_and_do_not_propagate():
     logp, old_logp, mask, adv, values, rewards, groups = awkward_batch(3, nonfinite=True)
-    got = M.update_metrics(
+    got = update_metrics(
         logp, old_logp, mask, advantages=adv, values=values, rewards=rewards, group_ids=groups
     )
     assert got.scalars["nonfinite_count"] > 0
@@ -206,7 +207,7 @@ def test_nonfinite_inputs_are_counted_and_do_not_propagate():
 def test_all_masked_batch_gives_nan_statistics_not_errors():
     B, T = 3, 5
     zeros = torch.zeros(B, T)
-    got = M.update_metrics(zeros, zeros, torch.zeros(B, T, dtype=torch.long))
+    got = update_metrics(zeros, zeros, torch.zeros(B, T, dtype=torch.long))
     assert math.isnan(float(got.scalars["ratio_mean"]))
     assert math.isnan(float(got.scalars["turn_ratio_max"]))
     assert float(got.scalars["n_tokens"]) == 0

@@ -9,7 +9,7 @@ import warnings
 import pytest
 import torch
 
-from sorl_monitor import Monitor, MonitorWarning, WriterConfig
+from sorl_monitor import MetricsConfig, Monitor, MonitorWarning, WriterConfig
 from sorl_monitor.read.query import open_runs
 from sorl_monitor.write.module_tracker import module_group
 from tests.helpers.runs import write_run
@@ -42,7 +42,7 @@ def test_pre_clip_grad_norm_rescales_module_norms(tmp_path):
     before = {n: p.grad.norm().item() for n, p in model.named_parameters()}
     pre_clip = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
     x = torch.zeros(1, 3)
-    with Monitor(tmp_path, "clip", flush_interval_s=0.05) as mon:
+    with Monitor(tmp_path, "clip", writer=WriterConfig(flush_interval_s=0.05)) as mon:
         mon.watch(model)
         row = mon.log_update(logp=x, old_logp=x, mask=torch.ones(1, 3), grad_norm=pre_clip)
     assert row["grad_norm"] == pytest.approx(float(pre_clip))
@@ -53,7 +53,7 @@ def test_pre_clip_grad_norm_rescales_module_norms(tmp_path):
 
 
 def test_bad_input_is_counted_and_warned_not_raised(tmp_path):
-    with Monitor(tmp_path, "bad", flush_interval_s=0.05) as mon:
+    with Monitor(tmp_path, "bad", writer=WriterConfig(flush_interval_s=0.05)) as mon:
         with pytest.warns(MonitorWarning, match="log_update failed"):
             result = mon.log_update(logp=torch.zeros(2, 3), old_logp=torch.zeros(5, 7), mask=torch.ones(2, 3))
         assert result == {}
@@ -63,7 +63,7 @@ def test_bad_input_is_counted_and_warned_not_raised(tmp_path):
 
 
 def test_log_scalars_without_names_snake_cases_names_and_converts_tensors(tmp_path):
-    with Monitor(tmp_path, "dict", flush_interval_s=0.05) as mon:
+    with Monitor(tmp_path, "dict", writer=WriterConfig(flush_interval_s=0.05)) as mon:
         metrics = {"actor/pg_clipfrac": torch.tensor(0.25), "training/global_step": 7, "note": "x"}
         mon.log_scalars(7, metrics, names=None)
     with open_runs(tmp_path / "dict") as runs:
@@ -74,7 +74,7 @@ def test_log_scalars_without_names_snake_cases_names_and_converts_tensors(tmp_pa
 
 def test_log_scalars_maps_names_with_the_family_guessed_from_the_first_call_that_names_one(tmp_path):
     verl_step = {"actor/pg_clipfrac": 0.25, "actor/kl_loss": 0.01, "training/epoch": 0, "timing_s/x": 2.0}
-    with Monitor(tmp_path, "auto", flush_interval_s=0.05) as mon:
+    with Monitor(tmp_path, "auto", writer=WriterConfig(flush_interval_s=0.05)) as mon:
         mon.log_scalars(0, {"loss": 1.0})  # a schema column: names no trainer
         assert mon.trainer_family is None
         mon.log_scalars(1, verl_step)
@@ -91,7 +91,7 @@ def test_log_scalars_maps_names_with_the_family_guessed_from_the_first_call_that
 
 
 def test_log_scalars_with_a_family_or_a_mapping_maps_with_that_table(tmp_path):
-    with Monitor(tmp_path, "forced", flush_interval_s=0.05) as mon:
+    with Monitor(tmp_path, "forced", writer=WriterConfig(flush_interval_s=0.05)) as mon:
         mon.log_scalars(0, {"kl": 0.5, "completions/clipped_ratio": 0.125}, names="trl")
         mon.log_scalars(1, {"my/kl": 0.25}, names={"my/kl": "kl_ref"})
         with pytest.warns(MonitorWarning, match="unknown trainer family 'tlr'"):
@@ -163,10 +163,10 @@ def test_a_user_built_monitor_records_torchs_seed_in_a_form_every_reader_takes(t
     assert seeds == [{"run_id": "seeded", "seed": 7}, {"run_id": "unseeded", "seed": -5}]
 
 
-def test_writer_settings_come_from_a_writer_config_and_a_keyword_replaces_its_field(tmp_path):
-    config = WriterConfig(flush_rows=7, compact=False)
-    with Monitor(tmp_path, "grouped", writer=config, flush_interval_s=0.5) as mon:
-        assert mon.writer_config == WriterConfig(flush_interval_s=0.5, flush_rows=7, compact=False)
+def test_writer_settings_come_from_a_writer_config(tmp_path):
+    config = WriterConfig(flush_interval_s=0.5, flush_rows=7, compact=False)
+    with Monitor(tmp_path, "grouped", writer=config) as mon:
+        assert mon.writer_config is config
         assert (mon._writer.flush_rows, mon._writer.flush_interval_s, mon._writer.compact_parts) == (
             7,
             0.5,
@@ -177,10 +177,19 @@ def test_writer_settings_come_from_a_writer_config_and_a_keyword_replaces_its_fi
         assert mon._writer.compact_parts > 0
 
 
+def test_metric_settings_come_from_a_metrics_config(tmp_path):
+    x, wide = torch.zeros(1, 4), torch.tensor([[0.0, 0.25, -0.25, 0.1]])
+    with Monitor(tmp_path, "narrow", metrics=MetricsConfig(clip_eps=0.2)) as narrow:
+        clipped_at_02 = narrow.log_update(logp=wide, old_logp=x, mask=torch.ones(1, 4))["clip_frac"]
+    with Monitor(tmp_path, "broad", metrics=MetricsConfig(clip_eps=0.3)) as broad:
+        clipped_at_03 = broad.log_update(logp=wide, old_logp=x, mask=torch.ones(1, 4))["clip_frac"]
+    assert (clipped_at_02, clipped_at_03) == (0.5, 0.0)
+    with pytest.raises(ValueError, match="clip_eps"):
+        MetricsConfig(clip_eps=0)
+
+
 @pytest.mark.parametrize("setting", [{"flush_interval_s": 0}, {"flush_rows": 0}, {"max_pending_rows": 1.5}])
-def test_a_writer_setting_that_cannot_work_is_refused_as_a_keyword_and_in_a_writer_config(tmp_path, setting):
+def test_a_writer_setting_that_cannot_work_is_refused_in_a_writer_config(tmp_path, setting):
     name = next(iter(setting))
-    with pytest.raises(ValueError, match=name):
-        Monitor(tmp_path, "bad-keyword", **setting)
     with pytest.raises(ValueError, match=name):
         WriterConfig(**setting)

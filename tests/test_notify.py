@@ -12,7 +12,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from sorl_monitor import Monitor
+from sorl_monitor import Monitor, WriterConfig
 from sorl_monitor.cli.main import app
 from sorl_monitor.notify import Notifier, NotifyWarning, OnsetFilter
 
@@ -163,7 +163,7 @@ def test_onsets_are_streak_starts_and_escalations():
 
 
 def test_sorl_watch_posts_the_events_it_prints(tmp_path):
-    with Monitor(tmp_path, "watched", flush_interval_s=0.05) as mon:
+    with Monitor(tmp_path, "watched", writer=WriterConfig(flush_interval_s=0.05)) as mon:
         for step in range(3):
             logp = -torch.rand(2, 8)
             mon.log_update(logp=logp, old_logp=logp, mask=torch.ones(2, 8), step=step)
@@ -192,7 +192,7 @@ def test_sorl_watch_refuses_a_url_that_is_not_http(tmp_path):
 
 
 def test_sorl_watch_posts_a_collapse_verdict(tmp_path):
-    with Monitor(tmp_path, "diverged", flush_interval_s=0.05) as mon:
+    with Monitor(tmp_path, "diverged", writer=WriterConfig(flush_interval_s=0.05)) as mon:
         for step in range(40):
             mon.log_scalars(
                 step, {"reward_mean": 1.0, "loss": 0.5 if step < 32 else float("nan")}, names=None

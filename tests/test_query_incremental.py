@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from sorl_monitor import Monitor
+from sorl_monitor import Monitor, WriterConfig
 from sorl_monitor.read.query import CorruptPartWarning, PartsRead, open_runs
 
 
@@ -28,7 +28,7 @@ def steps_read(rows) -> list[int]:
 
 
 def test_each_part_is_read_once_and_new_parts_on_the_next_call(tmp_path):
-    with Monitor(tmp_path, "run", flush_interval_s=3600, compact=False) as mon:
+    with Monitor(tmp_path, "run", writer=WriterConfig(flush_interval_s=3600, compact=False)) as mon:
         log_updates(mon, 3)
         runs = open_runs(tmp_path)
         seen = PartsRead()
@@ -46,7 +46,7 @@ def test_each_part_is_read_once_and_new_parts_on_the_next_call(tmp_path):
 
 
 def test_parts_compacted_after_they_were_read_are_read_again_as_a_whole(tmp_path):
-    with Monitor(tmp_path, "run", flush_interval_s=3600) as mon:
+    with Monitor(tmp_path, "run", writer=WriterConfig(flush_interval_s=3600)) as mon:
         log_updates(mon, 3)
         runs = open_runs(tmp_path)
         seen = PartsRead()
@@ -63,7 +63,7 @@ def test_parts_compacted_after_they_were_read_are_read_again_as_a_whole(tmp_path
 
 
 def test_a_truncated_part_is_left_out_and_listed_with_its_reason(tmp_path):
-    with Monitor(tmp_path, "run", flush_interval_s=3600, compact=False) as mon:
+    with Monitor(tmp_path, "run", writer=WriterConfig(flush_interval_s=3600, compact=False)) as mon:
         log_updates(mon, 4)
     victim = sorted((tmp_path / "run" / "steps" / "rank=0").glob("part-*.parquet"))[1]
     victim.write_bytes(victim.read_bytes()[:60])
@@ -78,7 +78,7 @@ def test_a_truncated_part_is_left_out_and_listed_with_its_reason(tmp_path):
 
 
 def test_a_part_whose_data_does_not_read_is_left_out_of_the_read_and_of_the_views(tmp_path):
-    with Monitor(tmp_path, "run", flush_interval_s=3600, compact=False) as mon:
+    with Monitor(tmp_path, "run", writer=WriterConfig(flush_interval_s=3600, compact=False)) as mon:
         log_updates(mon, 4)
     victim = sorted((tmp_path / "run" / "turns" / "rank=0").glob("part-*.parquet"))[2]
     data = bytearray(victim.read_bytes())
@@ -99,7 +99,7 @@ def test_a_part_whose_data_does_not_read_is_left_out_of_the_read_and_of_the_view
 
 def test_skipped_parts_are_listed_per_run(tmp_path):
     for name in ("a", "b"):
-        with Monitor(tmp_path, name, flush_interval_s=3600, compact=False) as mon:
+        with Monitor(tmp_path, name, writer=WriterConfig(flush_interval_s=3600, compact=False)) as mon:
             log_updates(mon, 2)
     (tmp_path / "b" / "steps" / "rank=0" / "part-999999.parquet").write_bytes(b"PAR1 not parquet")
 

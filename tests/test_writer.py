@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from sorl_monitor import Monitor, MonitorWarning
+from sorl_monitor import Monitor, MonitorWarning, WriterConfig
 from sorl_monitor.read.query import open_runs
 from sorl_monitor.schema import visible_parts
 from sorl_monitor.write.compaction import Compactor
@@ -64,7 +64,7 @@ def runs_steps(log_dir: Path) -> list[int]:
 
 
 def test_failing_target_drops_and_counts_rows_without_raising(tmp_path):
-    with Monitor(tmp_path, "disk", flush_interval_s=0.05) as mon:
+    with Monitor(tmp_path, "disk", writer=WriterConfig(flush_interval_s=0.05)) as mon:
         mon.log_scalars(0, {"loss": 1.0})
         assert mon.flush()
         steps_dir = tmp_path / "disk" / "steps"
@@ -105,7 +105,7 @@ def test_reader_during_writes_never_sees_errors_or_partial_files(tmp_path):
 
     def write() -> None:
         try:
-            with Monitor(tmp_path, "live", flush_interval_s=0.02) as mon:
+            with Monitor(tmp_path, "live", writer=WriterConfig(flush_interval_s=0.02)) as mon:
                 step = 0
                 while not stop.is_set():
                     mon.log_scalars(step, {"loss": float(step)})

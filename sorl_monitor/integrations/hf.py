@@ -25,7 +25,7 @@ import functools
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import pyarrow as pa
@@ -140,7 +140,10 @@ class SorlCallback(TrainerCallback):
                 self.warn_once("start", f"cannot start a run in {self.log_dir} ({error}); monitoring is off")
                 return
         if self.clip_bounds is not None:
-            self.monitor.clip_eps, self.monitor.clip_eps_high = self.clip_bounds
+            low, high = self.clip_bounds
+            self.monitor.metrics_config = replace(
+                self.monitor.metrics_config, clip_eps=low, clip_eps_high=high
+            )
         info: dict[str, Any] = {"trainer_args": args.to_dict(), "trainer_args_class": type(args).__name__}
         if model is not None and hasattr(model, "config") and hasattr(model.config, "to_dict"):
             info["model_config"] = model.config.to_dict()

@@ -40,6 +40,7 @@ from sorl_monitor.logs.verl import parse_record
 from sorl_monitor.metric_names import TAP_MEASURED, map_metrics, names_for
 from sorl_monitor.warn import WarnOnce, warn
 from sorl_monitor.write.monitor import Monitor
+from sorl_monitor.write.update_metrics import MetricsConfig
 
 VERL_LOSS_PARAMETERS = (
     "old_log_prob",
@@ -169,12 +170,11 @@ class MonitoredPolicyLoss:
 
     def _start(self, config: Any) -> Monitor:
         clip = config_value(config, "clip_ratio", 0.2)
-        kwargs = {
-            "clip_eps": float(config_value(config, "clip_ratio_low", clip)),
-            "clip_eps_high": float(config_value(config, "clip_ratio_high", clip)),
-            "algorithm": "verl",
-            **self.monitor_kwargs,
-        }
+        metrics = MetricsConfig(
+            clip_eps=float(config_value(config, "clip_ratio_low", clip)),
+            clip_eps_high=float(config_value(config, "clip_ratio_high", clip)),
+        )
+        kwargs = {"metrics": metrics, "algorithm": "verl", **self.monitor_kwargs}
         return Monitor(self.log_dir, self.run_name, config_dict(config), **kwargs)
 
     def _record(

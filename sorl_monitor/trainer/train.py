@@ -35,6 +35,7 @@ from sorl_monitor.trainer.policy import PolicyOutput, PolicyWithValue
 from sorl_monitor.trainer.rollout import collect
 from sorl_monitor.trainer.warmstart import cached_warm_start, warm_start
 from sorl_monitor.write.monitor import Monitor
+from sorl_monitor.write.update_metrics import MetricsConfig
 
 
 @dataclass
@@ -387,8 +388,7 @@ def train(cfg: TrainConfig, progress: Progress | None = None) -> TrainResult:
         config=cfg.to_dict(),
         algorithm=cfg.algo,
         seed=cfg.seed,
-        clip_eps=settings.clip_eps,
-        clip_eps_high=settings.clip_eps_high,
+        metrics=MetricsConfig(clip_eps=settings.clip_eps, clip_eps_high=settings.clip_eps_high),
     ).watch(learner.policy)
     result = TrainResult(mon.run_dir, mon.run_id, "finished")
     if (

@@ -22,7 +22,6 @@ import collections
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +34,9 @@ from sorl_monitor.metric_names import guess_family, map_metrics
 from sorl_monitor.notify import Notifier
 from sorl_monitor.schema import KEYS, RUN_FILE, SEVERITIES, check_run_id, column_name, metric_column
 from sorl_monitor.settings import check_setting
-from sorl_monitor.storage import StorageError, is_remote
 from sorl_monitor.warn import MonitorWarning, WarnOnce, warn
 from sorl_monitor.write.in_flight import InFlight
-from sorl_monitor.write.metrics import TURN_COLUMNS, UpdateMetrics, update_metrics
-from sorl_monitor.write.module_tracker import ModuleNormTracker, pre_clip_norms
+from sorl_monitor.write.module_tracker import ModuleNormTracker
 from sorl_monitor.write.run_file import (
     RunFile,
     distributed_rank,
@@ -49,60 +46,38 @@ from sorl_monitor.write.run_file import (
     shared_run_id,
     utc_now,
 )
+from sorl_monitor.write.run_output import close_upload, open_writer, staged_upload
 from sorl_monitor.write.transfer import start_copy
-from sorl_monitor.write.uploader import RunUploader, UploadStats, staging_dir
+from sorl_monitor.write.update_metrics import TURN_COLUMNS, MetricsConfig, UpdateMetrics, update_metrics
+from sorl_monitor.write.update_rows import PendingUpdate, key_value, module_rows, step_row, turn_columns
+from sorl_monitor.write.uploader import UploadStats
 from sorl_monitor.write.writer import ParquetStreamWriter, WriterConfig, WriterStats
 
-__all__ = ["Monitor", "MonitorWarning", "WriterConfig", "warn"]
-
-
-@dataclass
-class _Update:
-    """What an update's row needs besides the host copy of its tensors (host values taken at the call)."""
-
-    keys: dict[str, Any]
-    scalar_names: list[str]
-    tensor_extras: list[str]  # column names, in the order they were given
-    host_extras: dict[str, float]  # tensor extras that were not on the metrics' device, read at the call
-    pre_clip: float | None  # grad_norm given as a number or a host tensor (a device tensor is in the copy)
-    sample_ids: np.ndarray | None  # given on the host (on the device: in the copy)
-    plain_extras: dict[str, Any]
-    log_turns: bool
-    started: float  # perf_counter at the call
-    call_ms: float | None = None  # the call's time on the training thread, once it returned
-
-
-def _key(name: str, value: Any, bits: int) -> int:
-    """``value`` as an int that fits the key column's ``bits``-bit type (``ValueError`` otherwise)."""
-    number = int(value)
-    if not -(2 ** (bits - 1)) <= number < 2 ** (bits - 1):
-        raise ValueError(f"{name} {number} does not fit the schema's {bits}-bit integer column")
-    return number
+__all__ = ["MetricsConfig", "Monitor", "MonitorWarning", "WriterConfig", "warn"]
 
 
 class Monitor:
     """Streams per-update and per-turn stability metrics of an RL trainer to Parquet.
 
     Args:
-        log_dir: folder that holds runs; this run goes to ``<log_dir>/<run_id>/``.
+        log_dir: folder that holds runs; this run goes to ``<log_dir>/<run_id>/`` (or ``s3://bucket/prefix``:
+            ``run_output``).
         run_name: the run id (a safe folder name); default ``<date>-<time>[-<algorithm>]-<hex>``.
         config: the trainer's hyper-parameters, stored in ``run.json``.
         algorithm: stored in ``run.json`` (and used in the default run id).
-        seed: stored in ``run.json`` (``run_info.storable_seed``); default ``torch.initial_seed()``.
-        clip_eps, clip_eps_high: PPO's trust region ``[1 − ε_low, 1 + ε_high]`` for clip fractions.
-        max_turn_rows: turn slots per episode written to the ``turns`` table (default 64).
+        seed: stored in ``run.json`` (``run_file.storable_seed``); default ``torch.initial_seed()``.
+        metrics: what ``log_update`` computes (``update_metrics.MetricsConfig``: the clip fractions' trust
+            region, the turn slots written); default ``MetricsConfig()``.
+        writer: how rows are written (``writer.WriterConfig``: flush cadence, queue bound, compaction,
+            object-storage options); default ``WriterConfig()``.
         window: how many recent ``steps`` rows stay in memory for live detectors (default 512).
         rank, world_size: default from ``torch.distributed`` (or ``RANK``/``WORLD_SIZE``).
         enabled: ``False`` turns every call into a no-op (e.g. to measure overhead).
         notify: a webhook URL (or a ``notify.Notifier``, e.g. for another ``close_timeout_s``): rank 0
             posts alert onsets, guard actions and an end of the run other than ``finished`` there, from a
             background thread.
-        writer: how rows are written (``writer.WriterConfig``: flush cadence, queue bound, compaction,
-            object-storage options); default ``WriterConfig()``.
-        flush_interval_s, flush_rows, max_pending_rows, compact, storage_options: one field of ``writer``
-            each (``WriterConfig`` documents them and their defaults); one given here replaces ``writer``'s.
 
-    Settings that cannot work (``flush_interval_s <= 0``, ``window < 1``, …) raise ``ValueError``.
+    Settings that cannot work (``window < 1``, and those the configs refuse) raise ``ValueError``.
     """
 
     def __init__(
@@ -113,37 +88,17 @@ class Monitor:
         *,
         algorithm: str | None = None,
         seed: int | None = None,
-        clip_eps: float = 0.2,
-        clip_eps_high: float | None = None,
-        max_turn_rows: int = 64,
+        metrics: MetricsConfig | None = None,
+        writer: WriterConfig | None = None,
         window: int = 512,
         rank: int | None = None,
         world_size: int | None = None,
         enabled: bool = True,
         notify: str | Notifier | None = None,
-        writer: WriterConfig | None = None,
-        flush_interval_s: float | None = None,
-        flush_rows: int | None = None,
-        max_pending_rows: int | None = None,
-        compact: bool | None = None,
-        storage_options: Mapping[str, str] | None = None,
     ) -> None:
-        given = {
-            "flush_interval_s": flush_interval_s,
-            "flush_rows": flush_rows,
-            "max_pending_rows": max_pending_rows,
-            "compact": compact,
-            "storage_options": storage_options,
-        }
-        writer = replace(
-            writer or WriterConfig(), **{name: value for name, value in given.items() if value is not None}
-        )
-        self.writer_config = writer
-        check_setting("max_turn_rows", max_turn_rows, least=0, integer=True)
+        self.metrics_config = metrics or MetricsConfig()
+        self.writer_config = writer = writer or WriterConfig()
         check_setting("window", window, least=1, integer=True)
-        check_setting("clip_eps", clip_eps, above=0)
-        if clip_eps_high is not None:
-            check_setting("clip_eps_high", clip_eps_high, above=0)
         self.enabled = enabled
         dist_rank, dist_world = distributed_rank()
         self.rank = dist_rank if rank is None else rank
@@ -151,26 +106,11 @@ class Monitor:
         run_id = check_run_id(run_name) if run_name is not None else new_run_id(algorithm)
         self.run_id = shared_run_id(run_id, self.world_size)
         self._warn_once = WarnOnce()
-        self._uploader: RunUploader | None = None
-        if is_remote(log_dir) and enabled:  # parts are staged here and copied up by a thread (uploader.py)
-            try:
-                self._uploader = RunUploader(
-                    os.fspath(log_dir),
-                    self.run_id,
-                    self.rank,
-                    staging_dir(os.fspath(log_dir), self.rank) / self.run_id,
-                    interval_s=writer.flush_interval_s,
-                    storage_options=writer.storage_options,
-                    report=self._warn_once,
-                )
-            except StorageError as error:  # a URI or option that cannot work: a bad setting
-                raise ValueError(str(error)) from None
-            log_dir = self._uploader.staging.parent
-        self.log_dir = Path(log_dir)
+        self._uploader = (
+            staged_upload(log_dir, self.run_id, self.rank, writer, self._warn_once) if enabled else None
+        )
+        self.log_dir = Path(log_dir) if self._uploader is None else self._uploader.staging.parent
         self.run_dir = self.log_dir / self.run_id
-        self.clip_eps = clip_eps
-        self.clip_eps_high = clip_eps_high
-        self.max_turn_rows = max_turn_rows
         self._recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=window)
         self._modules = ModuleNormTracker()
         self._module_every = 1
@@ -191,17 +131,7 @@ class Monitor:
         if not enabled:
             self._info = RunFile(self.run_dir / RUN_FILE, fields, writes=False)
             return
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        remote_refused = "" if self._uploader is None else self._uploader.start()
-        self._writer = ParquetStreamWriter(
-            self.run_dir,
-            self.rank,
-            flush_interval_s=writer.flush_interval_s,
-            flush_rows=writer.flush_rows,
-            max_pending_rows=writer.max_pending_rows,
-            compact_parts=writer.compact_parts,
-            refused=remote_refused,
-        )
+        self._writer = open_writer(self.run_dir, self.rank, writer, self._uploader)
         if self._writer.refused:  # a second monitor on this run and rank: never let it overwrite the first
             self._warn_once(
                 "dropped",
@@ -264,9 +194,10 @@ class Monitor:
         started = time.perf_counter()
         try:
             keys = self._keys(step, iteration, ppo_epoch, minibatch, policy_lag)
+            settings = self.metrics_config
             metrics = update_metrics(
-                logp, old_logp, mask, clip_eps=self.clip_eps, clip_eps_high=self.clip_eps_high,
-                max_turn_rows=self.max_turn_rows, **inputs,
+                logp, old_logp, mask, clip_eps=settings.clip_eps, clip_eps_high=settings.clip_eps_high,
+                max_turn_rows=settings.max_turn_rows, **inputs,
             )  # fmt: skip
             update = self._queue_update(keys, metrics, grad_norm, sample_ids, extra or {}, log_turns, started)
             self._in_flight.drain(keep=0 if sync else None)
@@ -285,7 +216,7 @@ class Monitor:
         extra: Mapping[str, Any],
         log_turns: bool,
         started: float,
-    ) -> _Update:
+    ) -> PendingUpdate:
         """Queue the update's one copy to the host (no wait) and, behind it, the assembly of its rows.
 
         Tensors on the metrics' device go in the copy; tensors elsewhere (e.g. host tensors in a CUDA run)
@@ -298,7 +229,7 @@ class Monitor:
         device_extras = [v for v in tensor_extras.values() if v.device == device]
         if device_extras:
             on_device["extras"] = torch.stack([v.detach().reshape(()).to(dtype) for v in device_extras])
-        update = _Update(
+        update = PendingUpdate(
             keys=keys,
             scalar_names=list(metrics.scalars),
             tensor_extras=list(tensor_extras),
@@ -333,26 +264,17 @@ class Monitor:
         self._in_flight.add(start_copy(on_device, dtype), lambda host: self._assemble(update, host))
         return update
 
-    def _assemble(self, update: _Update, host: dict[str, np.ndarray]) -> None:
+    def _assemble(self, update: PendingUpdate, host: dict[str, np.ndarray]) -> None:
         """The update's ``steps`` row from the host copy; its ``turns`` and ``modules`` rows go to the writer."""
-        row: dict[str, Any] = dict(update.keys)
-        row.update(zip(update.scalar_names, host["scalars"].tolist(), strict=True))
-        device_extras = iter(host["extras"].tolist() if "extras" in host else [])
-        for name in update.tensor_extras:
-            row[name] = update.host_extras[name] if name in update.host_extras else next(device_extras)
-        pre_clip = float(host["grad_norm"][0]) if "grad_norm" in host else update.pre_clip
-        module_grads = None
-        if "module_grads" in host:
-            module_grads, norms = pre_clip_norms(host["module_grads"], host["module_params"], pre_clip)
-            row.update(norms)
-        elif pre_clip is not None:
-            row["grad_norm"] = pre_clip
-        row.update(update.plain_extras)
+        row, module_grads = step_row(update, host)
         if update.log_turns:
             ids = host["sample_ids"] if "sample_ids" in host else update.sample_ids
-            self._submit_turns(update.keys, host["turns"], ids)
+            columns, n = turn_columns(update.keys, host["turns"], ids)
+            if n:
+                self._writer_submit("turns", columns, n)
         if module_grads is not None:
-            self._submit_modules(update.keys, module_grads, host["module_params"])
+            rows = module_rows(update.keys, self._modules.names, module_grads, host["module_params"])
+            self._writer_submit("modules", rows, len(rows))
         in_call = update.call_ms is None  # assembled inside its own log_update (CPU, or sync=True)
         row["monitor_ms"] = (time.perf_counter() - update.started) * 1e3 if in_call else update.call_ms
         self._finish_step(row)
@@ -494,30 +416,17 @@ class Monitor:
                 )
         self.update_run_info(status=status, finished_at=utc_now(), last_step=self._step)
         if self._uploader is not None:
-            self._close_uploader(self._uploader, timeout_s=5.0 if not compact else 30.0)
+            close_upload(
+                self._uploader,
+                self.run_dir,
+                self._writer_refused(),
+                5.0 if not compact else 30.0,
+                self._warn_once,
+            )
         if self.notifier is not None:
             if status != "finished":
                 self.notifier.send(f"[sorl] {self.run_id} ended {status} at step {self._step}")
             self.notifier.close()
-
-    def _close_uploader(self, uploader: RunUploader, timeout_s: float) -> None:
-        """Upload what is left; say where the rows are if some stay behind (by URI and staging folder)."""
-        uploader.close(timeout_s=timeout_s)
-        stats = uploader.stats
-        if stats.refused and not self._writer_refused():
-            self._warn_once(
-                "upload",
-                f"sorl-monitor did not upload {uploader.uri}: {stats.refused}; this writer's {stats.pending} "
-                f"files are kept apart in {self.run_dir}",
-                3,
-            )
-        elif stats.pending and not stats.refused:
-            self._warn_once(
-                "upload",
-                f"sorl-monitor could not upload {stats.pending} files to {uploader.uri} ({stats.last_error}); "
-                f"they are kept in {self.run_dir}",
-                3,
-            )
 
     def _writer_refused(self) -> bool:
         return self._writer is not None and bool(self._writer.refused)
@@ -539,17 +448,17 @@ class Monitor:
         *,
         advance: bool = True,
     ) -> dict[str, Any]:
-        current = self._step + (1 if advance else 0) if step is None else _key("step", step, 64)
+        current = self._step + (1 if advance else 0) if step is None else key_value("step", step, 64)
         if advance:
             self._step = current
         return {
             "run_id": self.run_id,
             "rank": self.rank,
             "step": current,
-            "iteration": current if iteration is None else _key("iteration", iteration, 64),
-            "ppo_epoch": _key("ppo_epoch", ppo_epoch, 32),
-            "minibatch": _key("minibatch", minibatch, 32),
-            "policy_lag": _key("policy_lag", policy_lag, 32),
+            "iteration": current if iteration is None else key_value("iteration", iteration, 64),
+            "ppo_epoch": key_value("ppo_epoch", ppo_epoch, 32),
+            "minibatch": key_value("minibatch", minibatch, 32),
+            "policy_lag": key_value("policy_lag", policy_lag, 32),
             "wall_time": time.time(),
         }
 
@@ -558,33 +467,6 @@ class Monitor:
             self._in_flight.drain(keep=keep)
         except Exception as error:  # noqa: BLE001 - a failed wait on the device
             self._fail("log_update", error)
-
-    def _submit_turns(self, keys: Mapping[str, Any], block: np.ndarray, ids: np.ndarray | None) -> None:
-        valid = block[-1] > 0
-        rows, turn = np.nonzero(valid)
-        n = len(rows)
-        if n == 0:
-            return
-        columns: dict[str, Any] = {
-            k: pa.repeat(v, n) if isinstance(v, str) else np.full(n, v) for k, v in keys.items()
-        }
-        columns["sample_id"] = (ids[rows] if ids is not None else rows).astype(np.int64)
-        columns["turn_idx"] = turn.astype(np.int32)
-        for index, name in enumerate(TURN_COLUMNS):
-            values = block[index][valid]
-            if name == "n_tokens":
-                values = values.astype(np.int32)
-            elif name == "turn_clipped":
-                values = values > 0
-            columns[name] = values
-        self._writer_submit("turns", columns, n)
-
-    def _submit_modules(self, keys: Mapping[str, Any], grads: np.ndarray, params: np.ndarray) -> None:
-        rows = [
-            {**keys, "module": name, "grad_norm": float(g), "param_norm": float(p)}
-            for name, g, p in zip(self._modules.names, grads, params, strict=True)
-        ]
-        self._writer_submit("modules", rows, len(rows))
 
     def _finish_step(self, row: dict[str, Any]) -> None:
         dropped = self._writer.rows_dropped if self._writer is not None else 0

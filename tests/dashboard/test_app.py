@@ -9,7 +9,7 @@ import time
 import pyarrow.compute as pc
 import pytest
 
-from sorl_monitor import Monitor
+from sorl_monitor import Monitor, WriterConfig
 from sorl_monitor.dashboard import sql_view, view_parts
 from sorl_monitor.dashboard.launch_settings import SQL_TIMEOUT_ENV
 from sorl_monitor.diagnose.postmortem import postmortem
@@ -278,7 +278,7 @@ def truncate(part) -> None:
 
 @pytest.mark.parametrize("view", ["Overview", "Turns", "SQL"])
 def test_a_truncated_part_is_named_with_its_reason_instead_of_a_wrong_message(monkeypatch, tmp_path, view):
-    with Monitor(tmp_path, "run", flush_interval_s=3600, compact=False) as mon:
+    with Monitor(tmp_path, "run", writer=WriterConfig(flush_interval_s=3600, compact=False)) as mon:
         for step in range(3):
             mon.log_scalars(step, {"reward_mean": 0.5})
             mon.flush()

@@ -10,7 +10,7 @@ import pyarrow.compute as pc
 import pytest
 import torch
 
-from sorl_monitor import Monitor
+from sorl_monitor import Monitor, WriterConfig
 from sorl_monitor.diagnose.detectors import detect
 from sorl_monitor.diagnose.live import LiveRuns
 from sorl_monitor.diagnose.postmortem import label_collapse, postmortem
@@ -60,7 +60,7 @@ def fresh(log_dir: Path) -> LiveRuns:
 
 
 def test_refresh_reads_only_the_part_files_it_has_not_read_before(tmp_path, monkeypatch):
-    with Monitor(tmp_path, "live", flush_interval_s=0.05) as mon:
+    with Monitor(tmp_path, "live", writer=WriterConfig(flush_interval_s=0.05)) as mon:
         log_updates(mon, 3)
         live = fresh(tmp_path)
         live.turn_cells("live")
@@ -75,7 +75,7 @@ def test_refresh_reads_only_the_part_files_it_has_not_read_before(tmp_path, monk
 
 
 def test_a_runs_turn_rows_are_read_only_once_a_view_asks_for_them(tmp_path, monkeypatch):
-    with Monitor(tmp_path, "run", flush_interval_s=0.05) as mon:
+    with Monitor(tmp_path, "run", writer=WriterConfig(flush_interval_s=0.05)) as mon:
         log_updates(mon, 3)
     live = LiveRuns(tmp_path, min_refresh_s=0)
     read = files_read(monkeypatch)
@@ -89,7 +89,7 @@ def test_a_runs_turn_rows_are_read_only_once_a_view_asks_for_them(tmp_path, monk
 
 
 def test_new_updates_of_a_run_being_written_appear_on_refresh(tmp_path):
-    with Monitor(tmp_path, "live", flush_interval_s=0.05) as mon:
+    with Monitor(tmp_path, "live", writer=WriterConfig(flush_interval_s=0.05)) as mon:
         log_updates(mon, 3)
         live = fresh(tmp_path)
         before = live.run_state("live")
@@ -102,7 +102,7 @@ def test_new_updates_of_a_run_being_written_appear_on_refresh(tmp_path):
 
 
 def test_turn_cells_read_in_two_refreshes_equal_one_query_over_all_turn_rows(tmp_path):
-    with Monitor(tmp_path, "live", flush_interval_s=0.05) as mon:
+    with Monitor(tmp_path, "live", writer=WriterConfig(flush_interval_s=0.05)) as mon:
         log_updates(mon, 3)
         live = fresh(tmp_path)
         live.turn_cells("live")
@@ -118,7 +118,7 @@ def test_turn_cells_read_in_two_refreshes_equal_one_query_over_all_turn_rows(tmp
 
 
 def test_turns_at_a_step_are_that_steps_raw_turn_rows(tmp_path):
-    with Monitor(tmp_path, "run", flush_interval_s=0.05) as mon:
+    with Monitor(tmp_path, "run", writer=WriterConfig(flush_interval_s=0.05)) as mon:
         log_updates(mon, 5)
     live = fresh(tmp_path)
 
@@ -141,7 +141,7 @@ def test_an_empty_folder_waits_for_runs_and_picks_up_the_first_one(tmp_path):
     live = fresh(tmp_path)
     assert "No runs" in live.problem
 
-    with Monitor(tmp_path, "late", flush_interval_s=0.05) as mon:
+    with Monitor(tmp_path, "late", writer=WriterConfig(flush_interval_s=0.05)) as mon:
         log_updates(mon, 2)
     live.refresh()
     assert live.problem is None
@@ -159,9 +159,9 @@ def test_a_run_that_has_not_logged_an_update_is_live_with_no_steps(tmp_path):
 
 
 def test_finished_and_failed_runs_show_their_status(tmp_path):
-    with Monitor(tmp_path, "done", flush_interval_s=0.05) as mon:
+    with Monitor(tmp_path, "done", writer=WriterConfig(flush_interval_s=0.05)) as mon:
         log_updates(mon, 2)
-    failed = Monitor(tmp_path, "crashed", flush_interval_s=0.05)
+    failed = Monitor(tmp_path, "crashed", writer=WriterConfig(flush_interval_s=0.05))
     log_updates(failed, 2)
     failed.close("failed")
 
@@ -183,7 +183,9 @@ def test_collapse_step_is_the_postmortem_label_on_a_synthetic_reward_collapse(tm
 
 def test_rows_of_one_step_from_two_ranks_are_averaged(tmp_path):
     for rank, reward in ((0, 1.0), (1, 3.0)):
-        with Monitor(tmp_path, "ddp", rank=rank, world_size=2, flush_interval_s=0.05) as mon:
+        with Monitor(
+            tmp_path, "ddp", rank=rank, world_size=2, writer=WriterConfig(flush_interval_s=0.05)
+        ) as mon:
             for step in range(4):
                 mon.log_scalars(step, {"reward_mean": reward + step})
     steps = fresh(tmp_path).steps("ddp")
@@ -192,7 +194,7 @@ def test_rows_of_one_step_from_two_ranks_are_averaged(tmp_path):
 
 
 def test_an_unreadable_part_is_skipped_and_reported(tmp_path):
-    with Monitor(tmp_path, "run", flush_interval_s=0.05) as mon:
+    with Monitor(tmp_path, "run", writer=WriterConfig(flush_interval_s=0.05)) as mon:
         log_updates(mon, 3)
     (tmp_path / "run" / "steps" / "rank=0" / "part-999999.parquet").write_bytes(b"not parquet")
 
@@ -207,7 +209,7 @@ def test_detector_firings_found_while_a_synthetic_run_is_written_equal_detect_ov
         PATTERNS["clip_rise"](row)
         PATTERNS["kl_rise"](row)
     live = LiveRuns(tmp_path, min_refresh_s=0)
-    with Monitor(tmp_path, "growing", flush_interval_s=0.05) as mon:
+    with Monitor(tmp_path, "growing", writer=WriterConfig(flush_interval_s=0.05)) as mon:
         for chunk in (rows[:120], rows[120:260], rows[260:]):
             for row in chunk:
                 mon.log_scalars(
@@ -243,7 +245,7 @@ def test_ctn_spans_start_where_the_guard_switched_ctn_on_in_a_real_run(ppo_logs)
 
 
 def test_the_page_gets_the_last_verdict_while_a_new_post_mortem_runs_in_the_background(tmp_path, monkeypatch):
-    with Monitor(tmp_path, "run", flush_interval_s=0.05) as mon:
+    with Monitor(tmp_path, "run", writer=WriterConfig(flush_interval_s=0.05)) as mon:
         log_updates(mon, 4)
     live = fresh(tmp_path)
     release = threading.Event()
@@ -286,7 +288,7 @@ def test_turn_view_opens_at_the_latest_update_that_reused_a_rollout_synthetic():
 
 
 def test_parts_compacted_after_they_were_read_are_not_counted_twice(tmp_path):
-    with Monitor(tmp_path, "live", flush_interval_s=0.05) as mon:
+    with Monitor(tmp_path, "live", writer=WriterConfig(flush_interval_s=0.05)) as mon:
         log_updates(mon, 3)
         mon.flush()
         live = fresh(tmp_path)
@@ -302,7 +304,7 @@ def test_parts_compacted_after_they_were_read_are_not_counted_twice(tmp_path):
 
 
 def test_turns_at_a_step_whose_parts_were_compacted_since_the_last_refresh_rereads_them(tmp_path):
-    with Monitor(tmp_path, "live", flush_interval_s=0.05) as mon:
+    with Monitor(tmp_path, "live", writer=WriterConfig(flush_interval_s=0.05)) as mon:
         log_updates(mon, 3)
         live = fresh(tmp_path)
         assert live.turn_cells("live").num_rows == 3 * 3
@@ -326,7 +328,9 @@ def test_detector_firings_of_a_two_rank_run_are_those_detect_finds_rank_by_rank(
     for row in rows[200:]:
         PATTERNS["clip_rise"](row)
     for rank in (0, 1):
-        with Monitor(tmp_path, "ddp", rank=rank, world_size=2, flush_interval_s=0.05) as mon:
+        with Monitor(
+            tmp_path, "ddp", rank=rank, world_size=2, writer=WriterConfig(flush_interval_s=0.05)
+        ) as mon:
             for row in rows if rank == 0 else rows[:200]:
                 mon.log_scalars(row["step"], {k: v for k, v in row.items() if k not in KEYS}, names=None)
     live = fresh(tmp_path)
@@ -340,7 +344,7 @@ def test_detector_firings_of_a_two_rank_run_are_those_detect_finds_rank_by_rank(
 
 
 def test_the_verdict_is_computed_over_the_same_run_set_the_views_read(tmp_path, monkeypatch):
-    with Monitor(tmp_path, "run", flush_interval_s=0.05) as mon:
+    with Monitor(tmp_path, "run", writer=WriterConfig(flush_interval_s=0.05)) as mon:
         log_updates(mon, 4)
     opened = []
     original = live_tables.open_runs
@@ -355,7 +359,7 @@ def test_the_verdict_is_computed_over_the_same_run_set_the_views_read(tmp_path, 
 
 
 def test_a_truncated_turns_part_is_left_out_of_the_turn_cells_and_named(tmp_path):
-    with Monitor(tmp_path, "run", flush_interval_s=3600, compact=False) as mon:
+    with Monitor(tmp_path, "run", writer=WriterConfig(flush_interval_s=3600, compact=False)) as mon:
         for _ in range(3):
             log_updates(mon, 1)
     victim = sorted((tmp_path / "run" / "turns" / "rank=0").glob("part-*.parquet"))[1]

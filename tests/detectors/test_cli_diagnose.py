@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from sorl_monitor import Monitor
+from sorl_monitor import Monitor, WriterConfig
 from sorl_monitor.cli.main import app
 from sorl_monitor.dashboard.report import FIGURES_PER_RUN
 from sorl_monitor.write.part_files import write_json_atomic
@@ -174,7 +174,7 @@ def _watch_process(run: Path, *extra: str) -> subprocess.Popen:
 def test_watch_follows_a_live_synthetic_run_and_prints_new_alerts(tmp_path):
     rows = pattern_rows("ratio_tail_rise", 300)
     lines: list[str] = []
-    with Monitor(tmp_path, "live", flush_interval_s=0.05) as mon:
+    with Monitor(tmp_path, "live", writer=WriterConfig(flush_interval_s=0.05)) as mon:
         for row in rows[:ONSET]:
             mon.log_scalars(row["step"], {k: v for k, v in row.items() if k not in KEYS}, names=None)
         mon.flush()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from sorl_monitor import Monitor
+from sorl_monitor import Monitor, WriterConfig
 from sorl_monitor.diagnose.detectors import (
     DETECTOR_NAMES,
     FAMILY_NAMES,
@@ -246,7 +246,9 @@ def test_live_windows_give_the_offline_alerts_on_a_synthetic_run_written_through
     live: list[dict] = []
     runner = ArrowDetector(config)
     seen = None
-    with Monitor(tmp_path, "parity", flush_interval_s=0.05, window=config.lookback_steps + 8) as mon:
+    with Monitor(
+        tmp_path, "parity", window=config.lookback_steps + 8, writer=WriterConfig(flush_interval_s=0.05)
+    ) as mon:
         for row in rows:
             mon.log_scalars(row["step"], {k: v for k, v in row.items() if k not in KEYS}, names=None)
             if row["step"] % 7 == 6:  # every seventh update, like a guard called less often than it logs

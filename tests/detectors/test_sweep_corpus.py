@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+from sorl_monitor import WriterConfig
 from sorl_monitor.read.query import open_runs
 from sorl_monitor.write.monitor import Monitor
 from tests.helpers.synthetic import KEYS, stable_rows
@@ -24,7 +25,7 @@ DEFAULTS = {"epochs": 8, "minibatches": 4, "staleness": 4, "lr": 5e-4, "dual_cli
 def sweep_run(log_dir: Path, name: str, **config) -> None:
     """One SYNTHETIC sweep run: stable rows and a trainer config in run.json."""
     with Monitor(log_dir, name, config={**DEFAULTS, **config}, algorithm=config["algo"],
-                 flush_interval_s=0.05) as mon:  # fmt: skip
+                 writer=WriterConfig(flush_interval_s=0.05)) as mon:  # fmt: skip
         for row in stable_rows(40):
             mon.log_scalars(row["step"], {k: v for k, v in row.items() if k not in KEYS},
                             iteration=row["iteration"], names=None)  # fmt: skip

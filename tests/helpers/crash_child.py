@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from sorl_monitor import Monitor
+from sorl_monitor import Monitor, WriterConfig
 
 PROGRESS = struct.Struct("<qd")  # last step logged, its wall time
 EPISODES, TOKENS = 64, 64
@@ -32,7 +32,9 @@ def main() -> None:
     with open(progress_path, "r+b") as handle:
         progress = mmap.mmap(handle.fileno(), PROGRESS.size)
     flush_rows = int(sys.argv[5]) if len(sys.argv) > 5 else 200_000
-    mon = Monitor(log_dir, run_name, flush_interval_s=flush_interval, flush_rows=flush_rows)
+    mon = Monitor(
+        log_dir, run_name, writer=WriterConfig(flush_interval_s=flush_interval, flush_rows=flush_rows)
+    )
     model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 1))
     mon.watch(model)
     mask = torch.tensor(TURN * (TOKENS // len(TURN))).repeat(EPISODES, 1)

@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from sorl_monitor import Monitor
+from sorl_monitor import Monitor, WriterConfig
 from tests.helpers.deferred_copy import hold, small_model, synthetic_update
 
 
 def main() -> None:
     log_dir, updates = Path(sys.argv[1]), int(sys.argv[2])
     held = hold(pytest.MonkeyPatch())
-    mon = Monitor(log_dir, "run", flush_interval_s=3600)
+    mon = Monitor(log_dir, "run", writer=WriterConfig(flush_interval_s=3600))
     model = small_model()
     mon.watch(model)
     generator = torch.Generator().manual_seed(0)

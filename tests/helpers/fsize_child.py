@@ -15,13 +15,13 @@ import time
 
 import torch
 
-from sorl_monitor import Monitor
+from sorl_monitor import Monitor, WriterConfig
 
 
 def main() -> None:
     log_dir, limit, updates = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG
-    mon = Monitor(log_dir, "fsize", flush_interval_s=0.05)
+    mon = Monitor(log_dir, "fsize", writer=WriterConfig(flush_interval_s=0.05))
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
     mask = torch.tensor([1, 1, 1, 1, 0, 0] * 8).repeat(128, 1)  # 8 turns × 128 episodes: big turn parts
     slowest = 0.0

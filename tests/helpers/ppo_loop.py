@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from sorl_monitor import CtnGuard, Monitor
+from sorl_monitor import CtnGuard, MetricsConfig, Monitor, WriterConfig
 from sorl_monitor.diagnose.detectors import ArrowDetector
 from tests.helpers.tiny_pg import CLIP_EPS, SEQ, VOCAB, TinyPolicy, policy_positions, rollout
 
@@ -51,7 +51,13 @@ def train(
     config = {"lr": lr, "lr_end": lr_end, "epochs": epochs, "clip_eps": CLIP_EPS, "ctn": "auto",
               "task": "tests/helpers/ppo_loop.py"}  # fmt: skip
     with Monitor(
-        log_dir, run_name, config, algorithm="ppo", seed=seed, clip_eps=CLIP_EPS, flush_interval_s=0.2
+        log_dir,
+        run_name,
+        config,
+        algorithm="ppo",
+        seed=seed,
+        writer=WriterConfig(flush_interval_s=0.2),
+        metrics=MetricsConfig(clip_eps=CLIP_EPS),
     ) as mon:
         mon.watch(policy)
         step, checked = 0, -1

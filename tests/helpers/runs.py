@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from sorl_monitor import Monitor
+from sorl_monitor import Monitor, WriterConfig
 
 
 def write_run(
@@ -16,7 +16,12 @@ def write_run(
     g = torch.Generator().manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Linear(5, 2))
     with Monitor(
-        log_dir, run_name, {"seed": seed}, algorithm=algorithm, seed=seed, flush_interval_s=0.05
+        log_dir,
+        run_name,
+        {"seed": seed},
+        algorithm=algorithm,
+        seed=seed,
+        writer=WriterConfig(flush_interval_s=0.05),
     ) as mon:
         mon.watch(model)
         mask = torch.tensor([[0, 1, 1, 0, 1, 1, 1, 0, 1, 0, 0, 0]] * 4)
@@ -38,7 +43,7 @@ def write_run(
 def run_with_parts(log_dir: Path, name: str = "run", updates: int = 6) -> Path:
     """A run whose every update is flushed to its own part (steps and turns), from random batches."""
     g = torch.Generator().manual_seed(0)
-    with Monitor(log_dir, name, flush_interval_s=3600, compact=False) as mon:
+    with Monitor(log_dir, name, writer=WriterConfig(flush_interval_s=3600, compact=False)) as mon:
         for _ in range(updates):
             logp = -torch.rand(4, 12, generator=g)
             mask = torch.tensor([[1, 1, 1, 0, 0, 1, 1, 1, 0, 1, 1, 1]] * 4)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from sorl_monitor import Monitor
+from sorl_monitor import Monitor, WriterConfig
 
 NOISE = (0.05, 0.5)
 
@@ -19,7 +19,7 @@ def log_updates(
     g = torch.Generator().manual_seed(rank)
     mon = Monitor(
         log_dir, run_name, {"lr": 1e-3}, algorithm="ppo", seed=0, rank=rank, world_size=world_size,
-        flush_interval_s=flush_interval_s,
+        writer=WriterConfig(flush_interval_s=flush_interval_s),
     )  # fmt: skip
     mon.watch(model)
     mask = torch.tensor([[0, 1, 1, 0, 1, 1, 1, 0, 1, 0, 0, 0]] * 4)

@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 
-from sorl_monitor import Monitor
+from sorl_monitor import Monitor, WriterConfig
 from sorl_monitor.logs import ForeignRun
 from sorl_monitor.metric_names import guess_family, map_metrics
 from sorl_monitor.read.query import open_runs
@@ -21,7 +21,7 @@ def parquet_steps(
     family all of the names point to) and read the rows back from Parquet: ``{step: {column: value}}``."""
     if family == "auto":
         family = guess_family({name for metrics in metrics_by_step.values() for name in metrics})
-    with Monitor(log_dir, "reference", flush_interval_s=0.05) as monitor:
+    with Monitor(log_dir, "reference", writer=WriterConfig(flush_interval_s=0.05)) as monitor:
         for step, metrics in sorted(metrics_by_step.items()):
             monitor.log_scalars(step, map_metrics(metrics, family), names=None)
     with open_runs(log_dir / "reference") as runs:

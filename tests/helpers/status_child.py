@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from sorl_monitor import Monitor
+from sorl_monitor import Monitor, WriterConfig
 
 
 def write_progress(log_dir: Path, step: int) -> None:
@@ -35,7 +35,7 @@ def main() -> None:
         signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
     signals = {signal.SIGINT, signal.SIGTERM}
     signal.pthread_sigmask(signal.SIG_BLOCK, signals)  # the monitor's writer threads inherit this mask
-    mon = Monitor(log_dir, "run", flush_interval_s=interval)
+    mon = Monitor(log_dir, "run", writer=WriterConfig(flush_interval_s=interval))
     signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
     if mode == "fork":
         mon.log_scalars(0, {"loss": 1.0})

@@ -10,13 +10,13 @@ import time
 
 import torch
 
-from sorl_monitor import Monitor
+from sorl_monitor import Monitor, WriterConfig
 
 
 def main() -> None:
     log_dir, run_name = sys.argv[1], sys.argv[2]
     flush_interval = float(sys.argv[3]) if len(sys.argv) > 3 else 0.1
-    mon = Monitor(log_dir, run_name, flush_interval_s=flush_interval)
+    mon = Monitor(log_dir, run_name, writer=WriterConfig(flush_interval_s=flush_interval))
     mask = torch.ones(8, 16)
     step = 0
     while True:

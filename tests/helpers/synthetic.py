@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from sorl_monitor import Monitor
+from sorl_monitor import Monitor, WriterConfig
 from sorl_monitor.diagnose.detectors import DetectorConfig, get_detectors
 from sorl_monitor.diagnose.postmortem import postmortem
 from sorl_monitor.read.query import open_runs
@@ -278,7 +278,7 @@ KEYS = ("run_id", "rank", "step", "iteration", "ppo_epoch", "minibatch", "policy
 
 def write_rows(log_dir: Path, run_name: str, rows: list[dict], algorithm: str = "ppo") -> Path:
     """Log SYNTHETIC ``rows`` (keys + metrics) through the real ``Monitor.log_scalars``; the run folder."""
-    with Monitor(log_dir, run_name, algorithm=algorithm, flush_interval_s=0.05) as mon:
+    with Monitor(log_dir, run_name, algorithm=algorithm, writer=WriterConfig(flush_interval_s=0.05)) as mon:
         for row in rows:
             mon.log_scalars(
                 row["step"], {k: v for k, v in row.items() if k not in KEYS}, iteration=row["iteration"],

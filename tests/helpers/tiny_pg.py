@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from sorl_monitor import Monitor
+from sorl_monitor import MetricsConfig, Monitor
 
 QUERIES, TURNS, TURN_LEN, VOCAB, GROUP = 8, 3, 3, 6, 4
 SEQ = TURNS * TURN_LEN + (TURNS - 1)
@@ -133,7 +133,9 @@ def _train(
     positions = policy_positions()
     config = {"lr": lr, "lr_end": lr_end, "epochs": epochs, "minibatches": minibatches, "iterations": iterations,
               "batch": batch, "task": "tiny_pg (tests/helpers/tiny_pg.py)"}  # fmt: skip
-    with Monitor(log_dir, run_name, config, algorithm="ppo", seed=seed, clip_eps=CLIP_EPS) as mon:
+    with Monitor(
+        log_dir, run_name, config, algorithm="ppo", seed=seed, metrics=MetricsConfig(clip_eps=CLIP_EPS)
+    ) as mon:
         mon.watch(policy)
         step = 0
         for iteration in range(iterations):

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from sorl_monitor import Monitor
+from sorl_monitor import Monitor, WriterConfig
 
 UPDATES = 5
 NOISE = (0.05, 0.5)
@@ -19,7 +19,9 @@ NOISE = (0.05, 0.5)
 def run_rank(rank: int, world_size: int, log_dir: str, rendezvous: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world_size)
     try:
-        mon = Monitor(log_dir, algorithm="ppo", flush_interval_s=0.05)  # run id: rank 0's, broadcast
+        mon = Monitor(
+            log_dir, algorithm="ppo", writer=WriterConfig(flush_interval_s=0.05)
+        )  # run id: rank 0's, broadcast
         Path(log_dir, f"run_id.rank{rank}").write_text(mon.run_id)
         model = torch.nn.Linear(4, 2)
         mon.watch(model)

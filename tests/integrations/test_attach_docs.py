@@ -14,7 +14,7 @@ from datasets import Dataset
 from transformers import Trainer, TrainingArguments
 from typer.testing import CliRunner
 
-from sorl_monitor import Monitor
+from sorl_monitor import Monitor, WriterConfig
 from sorl_monitor.cli.main import app
 from sorl_monitor.read.query import open_runs
 from tests.helpers import trainer_hooks
@@ -227,7 +227,9 @@ def test_prime_rl_snippet_adds_a_monitor_to_prime_rls(tmp_path, trainer_hooks_in
 
 def test_ranks_snippet_aggregates_a_two_rank_run(tmp_path):
     for rank, noise in ((0, 0.05), (1, 0.5)):
-        with Monitor("runs", "dp", rank=rank, world_size=2, flush_interval_s=0.05) as mon:
+        with Monitor(
+            "runs", "dp", rank=rank, world_size=2, writer=WriterConfig(flush_interval_s=0.05)
+        ) as mon:
             for step in range(3):
                 logp = -torch.rand(2, 8)
                 mon.log_update(

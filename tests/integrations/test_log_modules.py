@@ -6,12 +6,12 @@ import math
 
 import pytest
 
-from sorl_monitor import Monitor, MonitorWarning
+from sorl_monitor import Monitor, MonitorWarning, WriterConfig
 from sorl_monitor.read.query import open_runs
 
 
 def test_log_modules_writes_one_row_per_module_at_the_given_step(tmp_path):
-    with Monitor(tmp_path, "mods", flush_interval_s=0.05) as mon:
+    with Monitor(tmp_path, "mods", writer=WriterConfig(flush_interval_s=0.05)) as mon:
         mon.log_scalars(4, {"loss": 1.0})
         mon.log_modules(4, {"model.layers.0": 3.0, "lm_head": 0.5}, {"model.layers.0": 10.0})
     with open_runs(tmp_path / "mods") as runs:
@@ -24,7 +24,7 @@ def test_log_modules_writes_one_row_per_module_at_the_given_step(tmp_path):
 
 
 def test_log_modules_defaults_to_the_last_step_and_never_raises(tmp_path):
-    with Monitor(tmp_path, "mods", flush_interval_s=0.05) as mon:
+    with Monitor(tmp_path, "mods", writer=WriterConfig(flush_interval_s=0.05)) as mon:
         mon.log_scalars(9, {"loss": 1.0})
         mon.log_modules(None, {"head": 1.0})
         with pytest.warns(MonitorWarning, match="log_modules failed"):

@@ -9,7 +9,10 @@ pytest.importorskip("trl")
 from datasets import Dataset  # noqa: E402
 from trl import GRPOConfig  # noqa: E402
 
-from sorl_monitor import Monitor  # noqa: E402
+from sorl_monitor import (
+    Monitor,  # noqa: E402
+    WriterConfig,
+)
 from sorl_monitor.integrations.batches import TokenBatch, log_batch  # noqa: E402
 from sorl_monitor.integrations.trl import (  # noqa: E402
     MonitoredGRPOTrainer,
@@ -165,7 +168,7 @@ def test_synthetic_tool_mask_splits_a_completion_into_turns(tmp_path):
         "old_per_token_logps": logp + 0.1,
     }
     batch = tapped_batch(inputs, logp, None, update_keys(0, 1, 1, 1))
-    with Monitor(tmp_path, "tools", flush_interval_s=0.05) as mon:
+    with Monitor(tmp_path, "tools", writer=WriterConfig(flush_interval_s=0.05)) as mon:
         log_batch(mon, batch, step=1)
     with open_runs(tmp_path) as runs:
         rows = runs.sql(
@@ -181,7 +184,8 @@ def test_clip_fractions_use_trls_bounds_and_level_and_agree_with_trls_own(clip_r
     name, (trainer, history, steps, _) = clip_run
     settings = CLIP_SETTINGS[name]
     monitor = trainer.sorl_callback.monitor
-    assert (monitor.clip_eps, monitor.clip_eps_high) == (settings["epsilon"], settings["epsilon_high"])
+    clip = monitor.metrics_config
+    assert (clip.clip_eps, clip.clip_eps_high) == (settings["epsilon"], settings["epsilon_high"])
     for step, row in steps.items():
         for side in ("region", "low", "high"):
             column = "clip_frac_active" if side == "region" else f"clip_frac_active_{side}"

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sorl_monitor import MonitorWarning
+from sorl_monitor import MonitorWarning, WriterConfig
 from sorl_monitor.integrations.verl import VERL_LOSS_PARAMETERS, MonitoredPolicyLoss, register_monitored_loss
 from sorl_monitor.read.query import open_runs
 from tests.helpers.verl_calls import (
@@ -48,7 +48,10 @@ def test_the_wrapped_loss_and_its_metrics_come_back_unchanged(tmp_path):
 def test_the_micro_batches_between_two_optimizer_steps_become_one_row(tmp_path, counts):
     config = ActorConfigStandIn(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2)
     loss = MonitoredPolicyLoss(
-        compute_policy_loss_vanilla, log_dir=tmp_path, run_name="acc", flush_interval_s=0.05
+        compute_policy_loss_vanilla,
+        log_dir=tmp_path,
+        run_name="acc",
+        writer=WriterConfig(flush_interval_s=0.05),
     )
     lengths = iter([10, 14, 12, 10, 14, 12])
     updates = []

@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from sorl_monitor import WriterConfig
 from sorl_monitor.diagnose.detectors import DetectorConfig
 from sorl_monitor.integrations.verl import VERL_LOSS_PARAMETERS
 from sorl_monitor.integrations.verl_so_ppo import LOSS_NAMES, SorlPolicyLoss, register_sorl_loss
@@ -116,7 +117,7 @@ def test_synthetic_drift_switches_auto_ctn_on_and_the_rows_and_alerts_show_it(tm
         log_dir=tmp_path,
         run_name="auto",
         detectors=DetectorConfig(smooth_steps=4, min_history_steps=8),
-        flush_interval_s=0.05,
+        writer=WriterConfig(flush_interval_s=0.05),
     )
     config = ActorConfigStandIn()
     for update in range(24):

@@ -9,7 +9,7 @@ import warnings
 import pytest
 from typer.testing import CliRunner
 
-from sorl_monitor import Monitor
+from sorl_monitor import Monitor, WriterConfig
 from sorl_monitor.cli.main import app
 from sorl_monitor.read.query import CorruptPartWarning, open_runs
 from tests.helpers.runs import write_run
@@ -38,7 +38,7 @@ def logs(tmp_path_factory):
     for name, text in BAD.items():
         (logs / name).mkdir()
         (logs / name / "run.json").write_text(text)
-    with Monitor(logs, "big-seed", seed=2**63 + 12345, flush_interval_s=60) as mon:
+    with Monitor(logs, "big-seed", seed=2**63 + 12345, writer=WriterConfig(flush_interval_s=60)) as mon:
         mon.log_scalars(0, {"loss": 1.0})
     return logs
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sorl_monitor import Monitor, MonitorWarning
+from sorl_monitor import Monitor, MonitorWarning, WriterConfig
 from sorl_monitor.read.query import open_runs
 from tests.helpers.paths import ROOT
 
@@ -62,7 +62,7 @@ def update(mon: Monitor, step: int) -> float:
 
 @pytest.mark.slow
 def test_a_full_tmpfs_drops_counted_rows_and_writes_resume_when_space_frees(small_disk, record_measurement):
-    mon = Monitor(small_disk, "full", flush_interval_s=0.05)
+    mon = Monitor(small_disk, "full", writer=WriterConfig(flush_interval_s=0.05))
     for step in range(5):
         update(mon, step)
     assert mon.flush()

@@ -7,12 +7,12 @@ import math
 import pytest
 import torch
 
-from sorl_monitor import Monitor, MonitorWarning
+from sorl_monitor import Monitor, MonitorWarning, WriterConfig
 from sorl_monitor.read.query import open_runs
 
 
 def test_integers_beyond_int64_are_stored_as_doubles(tmp_path):
-    with Monitor(tmp_path, "big", flush_interval_s=60) as mon:
+    with Monitor(tmp_path, "big", writer=WriterConfig(flush_interval_s=60)) as mon:
         mon.log_scalars(0, {"tokens_seen": 2**80, "loss": 2**70})
         mon.log_scalars(1, {"tokens_seen": 5, "loss": 1e308})
         assert mon.flush() and mon.writer_stats().rows_dropped == 0
@@ -25,7 +25,7 @@ def test_integers_beyond_int64_are_stored_as_doubles(tmp_path):
 
 
 def test_a_step_beyond_int64_is_refused_with_a_warning_and_later_steps_go_on(tmp_path):
-    with Monitor(tmp_path, "step", flush_interval_s=60) as mon:
+    with Monitor(tmp_path, "step", writer=WriterConfig(flush_interval_s=60)) as mon:
         mon.log_scalars(0, {"loss": 1.0})
         with pytest.warns(MonitorWarning, match="does not fit"):
             mon.log_scalars(2**70, {"loss": 2.0})
@@ -40,7 +40,7 @@ def test_a_step_beyond_int64_is_refused_with_a_warning_and_later_steps_go_on(tmp
 
 
 def test_nan_and_infinities_are_stored_and_read_back(tmp_path):
-    with Monitor(tmp_path, "nonfinite", flush_interval_s=60) as mon:
+    with Monitor(tmp_path, "nonfinite", writer=WriterConfig(flush_interval_s=60)) as mon:
         mon.log_scalars(0, {"loss": math.nan, "grad_norm": math.inf, "adv_min": -math.inf})
     with open_runs(tmp_path) as runs:
         row = runs.sql("SELECT isnan(loss) AS nan, grad_norm, adv_min FROM steps").to_pylist()[0]
@@ -48,7 +48,7 @@ def test_nan_and_infinities_are_stored_and_read_back(tmp_path):
 
 
 def test_nan_metrics_are_found_by_isnan_and_comparisons_over_parquet(tmp_path):
-    with Monitor(tmp_path, "nanq", flush_interval_s=60) as mon:
+    with Monitor(tmp_path, "nanq", writer=WriterConfig(flush_interval_s=60)) as mon:
         for step, loss in enumerate([0.5, math.nan, 0.25]):
             mon.log_scalars(step, {"loss": loss})
     with open_runs(tmp_path) as runs:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from typer.testing import CliRunner
 
-from sorl_monitor import Monitor
+from sorl_monitor import Monitor, WriterConfig
 from sorl_monitor.cli.main import app
 from sorl_monitor.read.query import open_runs
 
@@ -45,7 +45,7 @@ def test_a_verl_log_read_in_place_keeps_its_step_and_run(tmp_path):
 
 
 def test_key_named_extras_of_log_update_are_kept_apart(tmp_path):
-    with Monitor(tmp_path, "run", flush_interval_s=60) as mon:
+    with Monitor(tmp_path, "run", writer=WriterConfig(flush_interval_s=60)) as mon:
         mon.log_update(
             logp=torch.zeros(2, 3), old_logp=torch.zeros(2, 3), mask=torch.ones(2, 3),
             extra={"step": 50, "Wall Time": 1.0, "iteration": torch.tensor(9.0)},

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from sorl_monitor import Monitor
+from sorl_monitor import Monitor, WriterConfig
 from sorl_monitor.integrations.verl import ingest_verl_jsonl
 from sorl_monitor.read.query import open_runs
 
@@ -28,7 +28,7 @@ def ingest_cpu_seconds(folder: Path, line_mib: int) -> tuple[float, list[int], l
         handle.write(b'{"step": 1, "data": {"actor/pg_loss": 0.5}}\n')
         handle.write(b"x" * (line_mib << 20) + b"\n")  # e.g. a dumped sample, or a torn write
         handle.write(b'{"step": 2, "data": {"actor/pg_loss": 0.4}}\n')
-    with Monitor(folder / "runs", f"exp{line_mib}", flush_interval_s=60) as mon:
+    with Monitor(folder / "runs", f"exp{line_mib}", writer=WriterConfig(flush_interval_s=60)) as mon:
         cpu_started = time.thread_time()
         report = ingest_verl_jsonl(log, mon)
         cpu_seconds = time.thread_time() - cpu_started

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from sorl_monitor import Monitor, MonitorWarning
+from sorl_monitor import Monitor, MonitorWarning, WriterConfig
 from sorl_monitor.read.query import open_runs
 
 
 def test_a_column_that_is_text_in_one_row_and_a_number_in_another_keeps_both_rows(tmp_path):
-    with Monitor(tmp_path, "mixed", flush_interval_s=60) as mon:
+    with Monitor(tmp_path, "mixed", writer=WriterConfig(flush_interval_s=60)) as mon:
         mon.log_scalars(0, {"loss": 1.0, "note": 1.5})
         mon.log_scalars(1, {"loss": 2.0, "note": "text"})
         assert mon.flush()
@@ -21,7 +21,7 @@ def test_a_column_that_is_text_in_one_row_and_a_number_in_another_keeps_both_row
 
 
 def test_an_unconvertible_value_in_a_known_column_drops_only_its_row(tmp_path):
-    with Monitor(tmp_path, "bad", flush_interval_s=60) as mon:
+    with Monitor(tmp_path, "bad", writer=WriterConfig(flush_interval_s=60)) as mon:
         mon.log_scalars(0, {"loss": 1.0})
         mon.log_scalars(1, {"loss": "not a number"})
         mon.log_scalars(2, {"loss": 3.0})

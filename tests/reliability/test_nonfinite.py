@@ -7,7 +7,7 @@ import math
 import torch
 from transformers import Trainer, TrainingArguments
 
-from sorl_monitor import Monitor
+from sorl_monitor import Monitor, WriterConfig
 from sorl_monitor.integrations.hf import SorlCallback
 from sorl_monitor.integrations.verl import ingest_verl_jsonl
 from sorl_monitor.read.query import open_runs
@@ -19,7 +19,7 @@ def test_nonfinite_log_probs_and_rewards_are_counted_and_kept_out_of_the_statist
     old = logp + 0.1
     logp[0, 1], old[1, 2], logp[2, 3] = math.nan, math.inf, -math.inf
     rewards = torch.tensor([1.0, math.nan, 0.5, math.inf])
-    with Monitor(tmp_path, "nan", flush_interval_s=0.05) as mon:
+    with Monitor(tmp_path, "nan", writer=WriterConfig(flush_interval_s=0.05)) as mon:
         row = mon.log_update(logp=logp, old_logp=old, mask=torch.ones(4, 8), rewards=rewards)
     assert row["nonfinite_count"] == 3 + 2
     assert all(math.isfinite(row[k]) for k in ("ratio_mean", "ratio_max", "kl_old_k3", "reward_mean"))

@@ -14,7 +14,7 @@ import pyarrow.fs as pafs
 import pytest
 from typer.testing import CliRunner
 
-from sorl_monitor import Monitor, MonitorWarning
+from sorl_monitor import Monitor, MonitorWarning, WriterConfig
 from sorl_monitor.cli.main import app
 from sorl_monitor.local_s3 import start_server
 from sorl_monitor.read.query import open_runs
@@ -33,7 +33,7 @@ def log_steps(monitor: Monitor, steps: range) -> None:
 
 def test_a_run_resumed_in_s3_continues_its_part_numbers_and_keeps_both_sessions_rows(s3_root):
     for session in range(2):
-        mon = Monitor(s3_root, "resumed", flush_interval_s=0.05, compact=session == 0)
+        mon = Monitor(s3_root, "resumed", writer=WriterConfig(flush_interval_s=0.05, compact=session == 0))
         for step in range(session * 40, session * 40 + 40):
             log_steps(mon, range(step, step + 1))
             if step % 10 == 9:
@@ -57,7 +57,7 @@ def test_two_writers_started_while_the_store_is_down_one_uploads_the_other_keeps
     restartable_server.stop()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        writers = [Monitor(root, "shared", flush_interval_s=0.05) for _ in range(2)]
+        writers = [Monitor(root, "shared", writer=WriterConfig(flush_interval_s=0.05)) for _ in range(2)]
         assert not any(w._writer.refused for w in writers)  # the store could not say
         for index, mon in enumerate(writers):
             log_steps(mon, range(index * 100, index * 100 + 60))
@@ -109,7 +109,9 @@ def closed_in(mon: Monitor) -> float:
 
 def test_a_wrong_key_is_said_while_training_runs_and_close_does_not_wait_for_it(s3_server, s3_root):
     bad = {"access_key": "not-a-key", "secret_key": "nope"}
-    mon, said, first = warned_within(lambda: Monitor(s3_root, "bad-key", storage_options=bad), 1.0)
+    mon, said, first = warned_within(
+        lambda: Monitor(s3_root, "bad-key", writer=WriterConfig(storage_options=bad)), 1.0
+    )
     assert first < 5 and any(s3_root in m and "ACCESS_DENIED" in m for m in said), said
     assert closed_in(mon) < 5  # before: 30-32 s, and the first word at close
 
@@ -133,7 +135,7 @@ def test_an_endpoint_where_nothing_listens_is_said_at_once(s3_server, tmp_path, 
     monkeypatch.setenv("SORL_CACHE_DIR", str(tmp_path / "cache"))
     options = {"endpoint_override": f"127.0.0.1:{free_port()}", "scheme": "http"}
     mon, said, first = warned_within(
-        lambda: Monitor("s3://bucket/runs", "refused", storage_options=options), 1
+        lambda: Monitor("s3://bucket/runs", "refused", writer=WriterConfig(storage_options=options)), 1
     )
     assert first < 5 and any("NETWORK_CONNECTION" in m for m in said), said
     assert closed_in(mon) < 5
@@ -149,7 +151,7 @@ def test_an_endpoint_that_never_answers_is_said_within_5_s_and_training_never_wa
     options = {"endpoint_override": f"127.0.0.1:{silent.getsockname()[1]}", "scheme": "http"}
     started = time.monotonic()
     mon, said, first = warned_within(
-        lambda: Monitor("s3://bucket/runs", "silent", storage_options=options), 4.5
+        lambda: Monitor("s3://bucket/runs", "silent", writer=WriterConfig(storage_options=options)), 4.5
     )
     assert first < 5 and any("has not answered" in m for m in said), said
     assert closed_in(mon) < 6 and time.monotonic() - started < 12
@@ -177,6 +179,6 @@ def test_a_uri_that_is_not_a_bucket_and_plain_prefix_is_refused(uri, tmp_path, m
 def test_an_unknown_storage_option_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("SORL_CACHE_DIR", str(tmp_path / "cache"))
     with pytest.raises(ValueError, match="unknown storage option 'bogus'"):
-        Monitor("s3://bucket/runs", "x", storage_options={"bogus": "1"})
+        Monitor("s3://bucket/runs", "x", writer=WriterConfig(storage_options={"bogus": "1"}))
     result = CliRunner().invoke(app, ["--storage-option", "bogus=1", "runs", "s3://bucket/runs"])
     assert result.exit_code == 2 and "unknown storage option 'bogus'" in result.output

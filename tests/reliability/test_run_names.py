@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sorl_monitor import Monitor, MonitorWarning
+from sorl_monitor import Monitor, MonitorWarning, WriterConfig
 from sorl_monitor.integrations.hf import SorlCallback
 from sorl_monitor.integrations.verl import MonitoredPolicyLoss, SorlTracking
 from sorl_monitor.read.query import open_runs
@@ -16,9 +16,9 @@ from tests.helpers.verl_reference import ActorConfigStandIn, compute_policy_loss
 
 @pytest.mark.parametrize("name", TABLES)
 def test_a_run_named_like_a_table_is_found_inside_its_log_folder(tmp_path, name):
-    with Monitor(tmp_path, name, flush_interval_s=0.05) as mon:
+    with Monitor(tmp_path, name, writer=WriterConfig(flush_interval_s=0.05)) as mon:
         mon.log_scalars(0, {"loss": 1.0})
-    with Monitor(tmp_path, "other", flush_interval_s=0.05) as mon:
+    with Monitor(tmp_path, "other", writer=WriterConfig(flush_interval_s=0.05)) as mon:
         mon.log_scalars(0, {"loss": 2.0})
     with open_runs(tmp_path) as runs:
         found = runs.sql("SELECT run_id, loss FROM steps ORDER BY run_id").to_pylist()

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from sorl_monitor import Monitor
+from sorl_monitor import Monitor, WriterConfig
 from sorl_monitor.read.query import open_runs
 from tests.helpers.paths import ROOT
 
@@ -106,7 +106,10 @@ def test_a_forked_child_never_touches_its_parents_run(tmp_path):
 
 
 def test_ctrl_c_inside_a_with_block_marks_the_run_interrupted(tmp_path):
-    with pytest.raises(KeyboardInterrupt), Monitor(tmp_path, "run", flush_interval_s=60) as mon:
+    with (
+        pytest.raises(KeyboardInterrupt),
+        Monitor(tmp_path, "run", writer=WriterConfig(flush_interval_s=60)) as mon,
+    ):
         mon.log_scalars(0, {"loss": 1.0})
         raise KeyboardInterrupt
     assert status_and_steps(tmp_path) == ("interrupted", [0])

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from typer.testing import CliRunner
 
-from sorl_monitor import Monitor
+from sorl_monitor import Monitor, WriterConfig
 from sorl_monitor.cli.main import app
 from sorl_monitor.read.query import open_runs
 from sorl_monitor.read.summary import metric_summary, run_overview
@@ -42,7 +42,7 @@ def write_version_zero_run(run_dir, steps=range(3)):
 def test_a_version_zero_run_resumed_by_the_current_monitor_reads_as_one_table(tmp_path):
     run = tmp_path / "old"
     write_version_zero_run(run)
-    with Monitor(tmp_path, "old", flush_interval_s=0.05) as mon:
+    with Monitor(tmp_path, "old", writer=WriterConfig(flush_interval_s=0.05)) as mon:
         for step in (3, 4):
             mon.log_scalars(step, {"loss": 0.1, "clip_frac": 0.5, "ctn_active": True, "new_metric": 7.0})
     with open_runs(tmp_path) as runs:
@@ -62,7 +62,7 @@ def test_a_version_zero_run_resumed_by_the_current_monitor_reads_as_one_table(tm
 
 def test_old_and_new_runs_side_by_side_in_overview_and_summary(tmp_path):
     write_version_zero_run(tmp_path / "old")
-    with Monitor(tmp_path, "new", flush_interval_s=0.05) as mon:
+    with Monitor(tmp_path, "new", writer=WriterConfig(flush_interval_s=0.05)) as mon:
         mon.log_scalars(0, {"loss": 0.5, "reward_mean": 1.0})
     with open_runs(tmp_path) as runs:
         overview = {r["run_id"]: r for r in run_overview(runs).to_pylist()}

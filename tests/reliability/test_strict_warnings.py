@@ -11,8 +11,8 @@ from tests.helpers.paths import ROOT
 
 TRAINING = """
 import sys, torch
-from sorl_monitor import Monitor
-with Monitor(sys.argv[1], "strict", flush_interval_s=60) as mon:
+from sorl_monitor import Monitor, WriterConfig
+with Monitor(sys.argv[1], "strict", writer=WriterConfig(flush_interval_s=60)) as mon:
     mon.log_scalars(2**70, {"loss": 1.0})  # a step the schema cannot hold: refused with a warning
     mon.log_update(logp=torch.zeros(2, 3), old_logp=torch.zeros(2, 3), mask=torch.ones(3, 2))  # shapes
     mon.log_scalars(None, {"loss": 2.0})

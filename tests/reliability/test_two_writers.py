@@ -13,16 +13,16 @@ import warnings
 
 import pytest
 
-from sorl_monitor import Monitor, MonitorWarning
+from sorl_monitor import Monitor, MonitorWarning, WriterConfig
 from sorl_monitor.read.query import CorruptPartWarning, open_runs
 from tests.helpers.paths import ROOT
 
 ROWS = 300
 WRITER = """
 import json, pathlib, sys, time
-from sorl_monitor import Monitor
+from sorl_monitor import Monitor, WriterConfig
 log_dir, me, other = sys.argv[1], sys.argv[2], sys.argv[3]
-mon = Monitor(log_dir, "shared", {"writer": me}, flush_interval_s=0.05)
+mon = Monitor(log_dir, "shared", {"writer": me}, writer=WriterConfig(flush_interval_s=0.05))
 pathlib.Path(log_dir, me + ".ready").touch()
 while not pathlib.Path(log_dir, other + ".ready").exists():
     time.sleep(0.01)
@@ -43,9 +43,9 @@ def readable(run) -> dict[float, int]:
 
 
 def test_a_second_monitor_in_one_process_is_refused_and_the_first_loses_nothing(tmp_path):
-    first = Monitor(tmp_path, "shared", flush_interval_s=0.01)
+    first = Monitor(tmp_path, "shared", writer=WriterConfig(flush_interval_s=0.01))
     with pytest.warns(MonitorWarning, match="run 'shared' rank 0 is being written by pid"):
-        second = Monitor(tmp_path, "shared", flush_interval_s=0.01)
+        second = Monitor(tmp_path, "shared", writer=WriterConfig(flush_interval_s=0.01))
     for step in range(200):
         first.log_scalars(step, {"writer": 0.0})
         second.log_scalars(step, {"writer": 1.0})
@@ -55,7 +55,9 @@ def test_a_second_monitor_in_one_process_is_refused_and_the_first_loses_nothing(
     assert first.writer_stats().rows_dropped == 0
     assert second.writer_stats().rows_dropped == 200
     assert readable(tmp_path / "shared") == {0.0: 200}
-    third = Monitor(tmp_path, "shared", flush_interval_s=0.01)  # the lock is free again once closed
+    third = Monitor(
+        tmp_path, "shared", writer=WriterConfig(flush_interval_s=0.01)
+    )  # the lock is free again once closed
     third.log_scalars(200, {"writer": 2.0})
     third.close()
     assert readable(tmp_path / "shared") == {0.0: 200, 2.0: 1}

@@ -93,8 +93,8 @@ def test_the_deadline_at_close_is_a_setting(silent_hook):
 
 TRAINING = """
 import sys, time
-from sorl_monitor import Monitor
-mon = Monitor(sys.argv[1], "hooked", flush_interval_s=30, notify=sys.argv[2])
+from sorl_monitor import Monitor, WriterConfig
+mon = Monitor(sys.argv[1], "hooked", writer=WriterConfig(flush_interval_s=30), notify=sys.argv[2])
 for step in range(10):
     mon.log_alert(f"detector_{step}", "critical", "far out", step=step)
 print("queued", flush=True)

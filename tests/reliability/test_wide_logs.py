@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sorl_monitor import Monitor
+from sorl_monitor import Monitor, WriterConfig
 from sorl_monitor.read.query import open_runs
 from sorl_monitor.read.summary import metric_summary
 
@@ -74,7 +74,7 @@ MONITOR_KEYS = 5000
 
 def monitor_run(folder: Path, keys: int) -> Path:
     """A ``Monitor`` run of ``keys`` keys: key ``k{i}`` holds ``i + step``, three steps."""
-    with Monitor(folder, f"wide{keys}", flush_interval_s=3600) as mon:
+    with Monitor(folder, f"wide{keys}", writer=WriterConfig(flush_interval_s=3600)) as mon:
         for step in range(3):
             mon.log_scalars(step, {f"k{i:05d}": float(i + step) for i in range(keys)})
     return folder / f"wide{keys}"

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
+from sorl_monitor import WriterConfig
 from sorl_monitor.cli.main import app
 from sorl_monitor.diagnose import fleet
 from sorl_monitor.diagnose.fleet import UNREAD_TABLES, fleet_verdicts
@@ -62,8 +63,8 @@ def test_a_two_rank_run_in_s3_reads_back_identical_to_the_same_run_on_disk(s3_ro
 def test_a_second_writer_on_the_same_run_and_rank_is_refused_and_overwrites_nothing(s3_server, s3_root):
     from sorl_monitor import Monitor
 
-    first = Monitor(s3_root, "shared", algorithm="ppo", flush_interval_s=0.05)
-    second = Monitor(s3_root, "shared", algorithm="ppo", flush_interval_s=0.05)
+    first = Monitor(s3_root, "shared", algorithm="ppo", writer=WriterConfig(flush_interval_s=0.05))
+    second = Monitor(s3_root, "shared", algorithm="ppo", writer=WriterConfig(flush_interval_s=0.05))
     assert not first._writer.refused and "being written by" in second._writer.refused
     first.log_scalars(0, {"loss": 1.0, "reward": 0.5})
     second.log_scalars(0, {"loss": 99.0, "reward": -1.0})
@@ -110,7 +111,7 @@ def test_a_server_down_mid_run_never_blocks_training_and_loses_no_row(tmp_path, 
 
     server = own_server(tmp_path, monkeypatch)
     root = f"s3://{server.bucket()}/runs"
-    mon = Monitor(root, "outage", algorithm="ppo", flush_interval_s=0.05)
+    mon = Monitor(root, "outage", algorithm="ppo", writer=WriterConfig(flush_interval_s=0.05))
     try:
         for step in range(20):
             mon.log_scalars(step, {"loss": 1.0, "reward": step / 100})
