@@ -105,7 +105,7 @@ CHART_SENT = "chart-sent"
 CHOICES_SHOWN = "choices-shown"
 """Session key: the sidebar's run picker, chart options and run list are drawn. A session's first page leaves
 them out while its chart is on the way (their widgets' code, loaded by the browser when they first appear,
-held the chart's frame and its plotly.js fetch back by 0.3-0.8 s); the chart's first draw (the component's value) or
+held the chart's frame and its plotly.js fetch back); the chart's first draw (the component's value) or
 ``CHOICES_WAIT_S`` of fragment reruns without it sets it and reruns the page."""
 CHOICES_WAITING = "choices-waiting"
 """Session key: since when (``time.monotonic()``) the page waits for its first chart to be drawn."""

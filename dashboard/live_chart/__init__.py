@@ -7,8 +7,8 @@ figure's ``uirevision`` stays the same. Streamlit serves a component's folder as
 served holds a copy of ``index.html`` beside plotly.js (it works offline), in the user's cache folder,
 named after both so every server reuses it. plotly.js is there twice: gzipped once (``plotly.min.js.gz``,
 which Streamlit serves as it is and the page unzips) and plain (for a browser that cannot unzip a stream):
-Streamlit gzips any other component file again on every request, 0.15–0.2 s of a core for plotly.js's
-1.5 MB, on the path of every first paint.
+Streamlit gzips any other component file again on every request, plotly.js's 1.5 MB included, on the path of
+every first paint.
 
 Two bundles, two components (one served folder each): a figure whose traces are all in ``BASIC_TRACES``
 (the overview, the gradients) is drawn by the chart that loads the basic bundle (1.2 MB to parse on a

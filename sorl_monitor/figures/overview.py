@@ -125,7 +125,7 @@ def _layout(
 ) -> dict[str, Any]:
     """Axes stacked top to bottom (panels ``1…n``, the lane ``n+1``), one panel title each, sized in pixels."""
     # Margins that already hold the legends above the plot and the lane's labels: a margin plotly's automargin
-    # has to widen costs a second layout pass (about 40 % of a first draw, measured in Chromium).
+    # has to widen costs a second layout pass (docs/results.md, "Measurements behind the code").
     # The height is as before (when the top margin was widened from 30 px within it): one run's panels stay
     # on a 1000 px screen.
     top, bottom = 46, 40

@@ -446,7 +446,7 @@ def open_runs(
     ``materialize``: tables read into memory when their parts change rather than by every query (for a
     reader that queries a table many times between refreshes, as a fleet's post-mortem does); ``database``:
     a ``SharedDatabase`` to work in instead of a new one (its memory limit and threads then apply);
-    ``interruptible=False``: statements cost ~20 % less CPU, but a Ctrl-C waits for the one running to end
+    ``interruptible=False``: statements cost less CPU, but a Ctrl-C waits for the one running to end
     (for batch work of short statements; ``views.Views``)."""
     return RunSet(
         paths,

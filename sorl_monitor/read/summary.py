@@ -37,7 +37,8 @@ def run_overview(runs: RunSet, stale_after_s: float = STALE_AFTER_S) -> pa.Table
 SUMMARY_COLUMNS_PER_QUERY = 64
 """Columns summarised by one statement. The run's rows are read from ``steps`` once, then summarised in
 statements of this many columns over those rows: one statement per column over the ``steps`` view, in one
-``UNION ALL``, took time that grew faster than the number of columns (200: 6.6 s, 1,000: 74 s)."""
+``UNION ALL``, takes time that grows faster than the number of columns (docs/results.md, "Measurements behind
+the code")."""
 SUMMARY_SQL = "SELECT {aggregates} FROM run_rows"
 SUMMARY_AGGREGATES = (
     "count({q}) AS n_{i}, min({q})::DOUBLE AS min_{i}, median({q})::DOUBLE AS median_{i}, "

@@ -57,8 +57,8 @@ class Views:
         ``steps`` ~10 times)."""
         self._interruptible = interruptible
         """Statements go through DuckDB's relation API, which a Ctrl-C stops at once; else through its
-        DB-API, which costs ~20 % less CPU a statement (the relation API tokenizes each statement in
-        Python) but lets a statement run to its end before the ``KeyboardInterrupt``: for batch work of
+        DB-API, which costs less CPU a statement (the relation API tokenizes each statement in Python;
+        docs/results.md) but lets a statement run to its end before the ``KeyboardInterrupt``: for batch work of
         short statements (a fleet task)."""
         if not interruptible:
             warnings.filterwarnings(
@@ -186,7 +186,7 @@ class Views:
     def _known_table(self, table: str) -> str:
         """The name of an in-memory table with ``table``'s known columns and no rows, created once for the
         connection's life, or for a shared database's (``SharedDatabase.known_table``: a fleet task's run
-        sets do not each create it again, ~3 ms a table)."""
+        sets do not each create it again)."""
         known = f"_sorl_known_{table}"
         if known in self._tables:
             return known
@@ -248,8 +248,7 @@ class Views:
 
 class SharedDatabase:
     """One confined DuckDB database that run sets use one after another (``open_runs(database=…)``), each
-    on its own cursor: a fleet task judging a chunk of runs connects and confines once (~20 ms of CPU each
-    time), not once per run. It may read ``folders`` (every folder of every run set that will use it);
+    on its own cursor: a fleet task judging a chunk of runs connects and confines once, not once per run. It may read ``folders`` (every folder of every run set that will use it);
     ``threads`` and ``memory_limit`` are the run sets'. A run set drops its views and tables when it closes,
     and one that opens drops whatever is left. The empty tables of each table's known columns are made once
     here and shared by the run sets (``known``)."""

@@ -16,7 +16,7 @@ _ARROW_TYPES = {
 
 
 def _column(values: list[Any]) -> pa.Array:
-    """An Arrow column from Python values (typed up front: Arrow's inference is ~100× slower).
+    """An Arrow column from Python values (typed up front: Arrow's own type inference is far slower).
 
     Mixed numbers become double; anything that is not a number, bool or string becomes a string.
     """

@@ -37,7 +37,7 @@ def exact_columns(schema: pa.Schema) -> list[str]:
     them: with ``max`` finite it folds ``isnan(x)`` to false and drops NaN rows from ``x > c``, so a run's
     NaN loss would be invisible to a query. Without float statistics DuckDB reads the values as they are.
     Dictionary: metric floats rarely repeat, so pyarrow builds each float dictionary only to abandon it;
-    leaving floats plain nearly doubles the write rate (``benchmarks/bench_writer.py``) for files within
-    a few percent of the size (measured on ``sample_logs``).
+    leaving floats plain writes faster for files of about the same size (``benchmarks/bench_writer.py``,
+    docs/results.md).
     """
     return [field.name for field in schema if not pa.types.is_floating(field.type)]

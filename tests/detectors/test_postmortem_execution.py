@@ -36,8 +36,8 @@ REAL_9B_COLLAPSE = (
     ROOT.parent / "shared" / "real_logs" / "trl-grpo-qwen3.5-9b-rho-sweep" / "rho0.70_seed44.step_logs.json"
 )
 
-FAST_WINDOW = """    WINDOW after_drop AS (  -- the next steps, as PRECEDING in DESC order: DuckDB 2.0 ran the same RANGE …
-        PARTITION BY run_id ORDER BY step DESC  -- FOLLOWING frame ~10× slower (2.8 s on 250 k blocks)
+FAST_WINDOW = """    WINDOW after_drop AS (  -- the next steps, as PRECEDING in DESC order: DuckDB 2.0 runs the same RANGE …
+        PARTITION BY run_id ORDER BY step DESC  -- FOLLOWING frame far slower
         RANGE BETWEEN $collapse_recovery_steps PRECEDING AND CURRENT ROW EXCLUDE CURRENT ROW)"""
 REFERENCE_WINDOW = """    WINDOW after_drop AS (PARTITION BY run_id ORDER BY step
                           RANGE BETWEEN CURRENT ROW AND $collapse_recovery_steps FOLLOWING EXCLUDE CURRENT ROW)"""

@@ -81,7 +81,8 @@ HISTORY_WINDOW = """
 """Detector values may use ``OVER history``: the ``history_blocks`` blocks before this one (``HISTORY_BLOCKS``:
 those of the previous ``history_steps`` steps, never the current one). The same rows as the ``RANGE`` frame that
 counts them (blocks are unique and ordered in a rank): counted once, then each aggregate's frame is found by
-position, which costs DuckDB ~25 % less than a ``RANGE`` frame per aggregate (docs/detectors.md, Cost)."""
+position, which costs DuckDB less than a ``RANGE`` frame per aggregate (docs/results.md, "Measurements behind the
+code")."""
 
 
 KNOWN = (

@@ -59,8 +59,8 @@ class ArrowDetector:
     ``optimize=False`` (what the CTN guard uses) DuckDB's query optimizer is off: on a window of a few
     hundred rows planning costs more than it saves, and the answer is the same. The few alert rows come
     back as Python rows on purpose: DuckDB's Arrow result on this cursor warns of an extra copy (a warning
-    that ``-W error`` would raise into training), and its relational ``sql(...).to_arrow_table()`` took
-    11.9 ms per guard call against 7.2 ms (interleaved, 512-row window).
+    that ``-W error`` would raise into training), and its relational ``sql(...).to_arrow_table()`` is slower per
+    guard call (docs/results.md, "Measurements behind the code").
     """
 
     config: DetectorConfig = field(default_factory=DetectorConfig)

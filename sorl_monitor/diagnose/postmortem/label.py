@@ -49,7 +49,7 @@ flagged AS (
 ),
 banded AS (
     SELECT *, sum(in_band::INTEGER) OVER (PARTITION BY run_id ORDER BY block ROWS UNBOUNDED PRECEDING)
-              AS band_seg  -- (a running count(*) FILTER is quadratic in DuckDB 2.0: 24 s on 250 k blocks)
+              AS band_seg  -- (a sum, not a running count(*) FILTER, which is quadratic in DuckDB 2.0)
     FROM flagged
 ),
 segments AS (  -- an in-band block and the blocks out of the band after it: did they dip below?
@@ -64,8 +64,8 @@ held AS (
     SELECT *, coalesce(bool_or(NOT below) OVER after_drop, false) AS recovers,
               max(step) OVER (PARTITION BY run_id) AS last_step
     FROM flagged
-    WINDOW after_drop AS (  -- the next steps, as PRECEDING in DESC order: DuckDB 2.0 ran the same RANGE …
-        PARTITION BY run_id ORDER BY step DESC  -- FOLLOWING frame ~10× slower (2.8 s on 250 k blocks)
+    WINDOW after_drop AS (  -- the next steps, as PRECEDING in DESC order: DuckDB 2.0 runs the same RANGE …
+        PARTITION BY run_id ORDER BY step DESC  -- FOLLOWING frame far slower
         RANGE BETWEEN $collapse_recovery_steps PRECEDING AND CURRENT ROW EXCLUDE CURRENT ROW)
 ),
 reward_collapse AS (

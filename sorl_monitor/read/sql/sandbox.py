@@ -10,8 +10,8 @@ deadline, on ``cancel``, or once its anonymous resident memory passes the memory
 ``MEMORY_HEADROOM``. The child's DuckDB has one thread, so a heavy statement leaves the other cores to the
 app, and the same confinement as the run set's connection (``confine``).
 
-This module imports only the standard library, DuckDB and pyarrow: the child starts in ~0.5 s, and a
-spare one is started ahead of each statement (``SandboxPool``).
+This module imports only the standard library, DuckDB and pyarrow, so the child starts quickly, and a spare
+one is started ahead of each statement (``SandboxPool``).
 """
 
 from __future__ import annotations
