@@ -34,7 +34,7 @@ def test_a_cell_that_is_no_number_is_null_with_one_warning_naming_file_and_step(
     ):
         with open_runs(log) as runs:
             losses = runs.sql("SELECT loss FROM steps ORDER BY step").column("loss").to_pylist()
-    assert losses == [0.5, 0.5, 0.5, None, 0.5, 0.5]  # before: the log failed, naming no file
+    assert losses == [0.5, 0.5, 0.5, None, 0.5, 0.5]  # guards against one bad value failing the whole log
 
 
 def test_a_verl_step_beyond_64_bits_leaves_out_that_line_in_place(tmp_path):
@@ -67,7 +67,7 @@ def test_one_bad_log_in_a_folder_is_skipped_with_a_warning_and_the_rest_read(tmp
         with open_runs(tmp_path) as runs:
             assert (
                 runs.sql("SELECT count(*) AS n FROM steps").column("n")[0].as_py() == 6
-            )  # before: the tree failed
+            )  # guards against one bad file failing the tree
 
 
 def test_a_bad_log_named_by_its_own_path_is_still_an_error(tmp_path):

@@ -34,7 +34,7 @@ def test_a_jsonl_line_nested_30000_levels_is_skipped_with_a_warning_not_a_segfau
     command = [sys.executable, "-m", "sorl_monitor.cli.main", "summary", str(log)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
-    assert result.returncode == 0, result.stderr[-2000:]  # before: -11 (a segmentation fault)
+    assert result.returncode == 0, result.stderr[-2000:]  # guards against pyarrow's segmentation fault
     assert f"warning: {log}: skipped 1 lines that are not JSON objects (first: line 3)" in result.stderr
     assert "loss" in result.stdout
 
@@ -67,7 +67,7 @@ def test_a_deep_json_document_or_first_line_is_one_error_line_naming_the_file(tm
     log.write_text(text)
     args = [command, str(log)] + (["--log-dir", str(tmp_path / "runs")] if command == "ingest" else [])
     result = runner.invoke(app, args)
-    assert result.exit_code == 2, result.output  # before: a RecursionError traceback
+    assert result.exit_code == 2, result.output  # guards against a RecursionError traceback
     assert result.output.startswith("error: ") and str(log) in result.output
     assert len(result.output.strip().splitlines()) == 1
 
@@ -84,7 +84,10 @@ def test_an_mlflow_step_beyond_64_bits_is_an_error_of_that_line(tmp_path):
     ):
         with open_runs(tmp_path / "mlruns") as runs:
             rows = runs.sql("SELECT step, loss FROM steps ORDER BY step").to_pylist()
-    assert rows == [{"step": 1, "loss": 0.5}, {"step": 2, "loss": 0.7}]  # before: an OverflowError traceback
+    assert rows == [
+        {"step": 1, "loss": 0.5},
+        {"step": 2, "loss": 0.7},
+    ]  # guards against an OverflowError traceback
 
 
 LONG = "a" * 300
@@ -108,7 +111,7 @@ def test_a_path_component_over_255_bytes_is_one_error_line(tmp_path, args):
     log.write_text("\n".join(FLAT) + "\n")
     run = write_run(tmp_path / "logs", "run", updates=1)
     result = runner.invoke(app, [a.format(tmp=tmp_path, run=run, log=log) for a in args])
-    assert result.exit_code == 2, result.output  # before: OSError: [Errno 36] File name too long
+    assert result.exit_code == 2, result.output  # guards against OSError: [Errno 36] File name too long
     assert result.output.startswith("error: file name too long: 300 bytes (at most 255): ")
     assert len(result.output.strip().splitlines()) == 1
 

@@ -38,7 +38,7 @@ def test_a_verdict_table_with_a_column_of_another_kind_is_refused_in_one_line(
     )
     assert result.exit_code == 2 and said in " ".join(result.output.split()), (
         result.output
-    )  # before: the page's
+    )  # guards against the page's own markup in a cell
     assert "Traceback" not in result.output  # ArrowTypeError
 
 
@@ -53,5 +53,5 @@ def test_a_run_id_holding_markdown_is_shown_as_text_in_the_run_list(tmp_path, mo
     line = next(text for text in sidebar.splitlines() if "healthy" in text)
     assert line.startswith(":red[**collapsed**]"), line
     for markup in (":green[", "](http", "[docs]", "**healthy**", "$x$"):
-        assert markup not in line, line  # before: a green "healthy" and a link
+        assert markup not in line, line  # guards against a table cell drawn as a verdict or a link
     assert "\\*ppo\\*" in sidebar

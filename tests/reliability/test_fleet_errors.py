@@ -111,7 +111,7 @@ def test_out_a_device_node_is_never_replaced(runs, tmp_path):
     except PermissionError:
         pytest.skip("making a device node needs CAP_MKNOD")
     assert "not a regular file" in one_line_exit_2(fleet(str(runs), "--out", str(node)))
-    assert stat.S_ISCHR(node.stat().st_mode)  # before: replaced by a regular file
+    assert stat.S_ISCHR(node.stat().st_mode)  # guards against replacing a device with a regular file
     assert sorted(p.name for p in tmp_path.iterdir()) == ["null", "runs"]
 
 
@@ -132,7 +132,7 @@ def test_out_a_fifo_is_refused_at_once(runs, tmp_path):
     try:
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
     except subprocess.TimeoutExpired:
-        pytest.fail("sorl fleet --out FIFO hangs")  # before: blocked in open()
+        pytest.fail("sorl fleet --out FIFO hangs")  # guards against blocking in open()
     assert done.returncode == 2 and "not a regular file" in done.stderr and "Traceback" not in done.stderr
     assert stat.S_ISFIFO(fifo.stat().st_mode)
 
@@ -144,7 +144,7 @@ def test_a_prefix_with_a_typo_is_an_error_naming_it_and_nothing_is_written(s3_se
     listed = s3_server.filesystem().get_file_info(
         pafs.FileSelector(typo.removeprefix("s3://"), allow_not_found=True)
     )
-    assert listed == []  # before: "0 runs", exit 0, and verdicts.parquet made the prefix
+    assert listed == []  # guards against an empty prefix judged as 0 runs
 
 
 def test_an_empty_folder_is_an_error_naming_it(tmp_path):
@@ -182,4 +182,4 @@ def test_a_part_with_corrupt_page_headers_is_named_in_its_row(runs):
     victim.write_bytes(bytes(data))
     fleet(str(runs))
     (row,) = pq.read_table(runs / "verdicts.parquet").to_pylist()
-    assert str(victim) in (row["error"] or ""), row  # before: "Error: don't know what type:" and no file
+    assert str(victim) in (row["error"] or ""), row  # guards against an error that names no file

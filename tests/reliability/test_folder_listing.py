@@ -24,7 +24,7 @@ def test_links_inside_the_folder_do_not_list_a_log_again(tmp_path):
     os.symlink("..", tmp_path / "run-1" / "up")  # a link back to its own parent
     with open_runs(tmp_path) as runs:
         run_ids = runs.sql("SELECT run_id FROM runs").column("run_id").to_pylist()
-    assert run_ids == ["log"]  # before: log, log-2, … log-6
+    assert run_ids == ["log"]  # guards against one log listed once per folder level
 
 
 def test_a_parquet_run_behind_a_link_is_listed_once(tmp_path):
@@ -53,4 +53,4 @@ def test_each_log_is_detected_and_read_once_on_open(tmp_path, monkeypatch):
     assert formats.detect_file is detect_file
     with open_runs(tmp_path) as runs:
         assert runs.sql("SELECT count(*) AS n FROM runs").column("n")[0].as_py() == 20
-    assert calls == {"detect": 20, "read": 20}  # before: every log found and detected twice
+    assert calls == {"detect": 20, "read": 20}  # guards against finding and detecting every log twice

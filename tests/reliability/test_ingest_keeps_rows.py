@@ -96,7 +96,7 @@ def test_a_rotated_file_is_read_to_its_end_then_the_new_one_from_its_start(tmp_p
     append(log, verl_line(10))  # written just before the rotation
     os.rename(log, tmp_path / "train.jsonl.1")
     log.write_text("".join(verl_line(step) for step in range(11, 20)))
-    wait_for(lambda: len(steps_in(follower.run_dir)) == 20)  # before: no new step (the old file re-read)
+    wait_for(lambda: len(steps_in(follower.run_dir)) == 20)  # guards against re-reading the rotated-away file
     report = follower.finish()
     assert sorted(steps_in(follower.run_dir)) == list(range(20))
     assert report.bad_lines == []
@@ -115,7 +115,7 @@ def test_a_steps_metrics_on_lines_written_apart_are_all_kept(tmp_path):
     merged = steps_in(follower.run_dir)
     assert merged == {
         step: {"pg_loss": 0.5, "reward": float(step)} for step in range(5)
-    }  # before: 8 of 10 lost
+    }  # guards against losing rows logged while the follower waits
 
 
 def test_a_file_rewritten_past_its_old_size_between_polls_is_read_again(tmp_path):
@@ -127,9 +127,11 @@ def test_a_file_rewritten_past_its_old_size_between_polls_is_read_again(tmp_path
         handle.write("".join(verl_line(step, **{"actor/pg_loss": 9.0}) for step in range(15)))
     wait_for(lambda: len(steps_in(follower.run_dir)) == 15)
     report = follower.finish()
-    assert report.bad_lines == []  # before: a bogus unreadable line, read from the old position
+    assert report.bad_lines == []  # guards against reading a truncated file from its old position
     merged = steps_in(follower.run_dir)
-    assert [merged[step]["pg_loss"] for step in range(5, 15)] == [9.0] * 10  # before: 5 of them lost
+    assert [merged[step]["pg_loss"] for step in range(5, 15)] == [
+        9.0
+    ] * 10  # guards against losing the re-logged steps
     assert report.already_ingested == 5  # the restart's steps 0-4, already in the run
 
 
@@ -155,7 +157,7 @@ def test_a_followed_trainer_state_caught_half_written_is_read_at_its_next_change
     time.sleep(0.6)
     state.write_text(whole)
     out, err = process.communicate(timeout=120)
-    assert process.returncode == 0, err  # before: exit 2 on the half-written file, 20 of 200 steps
+    assert process.returncode == 0, err  # guards against failing on a half-written last line
     assert len(steps_in(run_dir)) == 200
 
 
@@ -172,7 +174,7 @@ def test_steps_out_of_order_and_a_steps_lines_apart_are_merged_not_dropped(tmp_p
     result = runner.invoke(app, ["ingest", str(log), "--format", fmt, "--log-dir", str(tmp_path / "runs"),
                                  "--run", "run"])  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert "already" not in result.output  # before: "skipped 3 … already in the run"
+    assert "already" not in result.output  # guards against skipping steps a second ingest adds
     merged = steps_in(tmp_path / "runs" / "run")
     assert sorted(merged) == [1, 2, 3]
     assert merged[1]["reward"] == 0.7 and merged[1]["pg_loss"] == pytest.approx(0.1)

@@ -146,7 +146,7 @@ def test_one_jsonl_row_with_a_text_or_fractional_step_costs_that_row(tmp_path, b
     steps = run.steps.column("step").to_pylist()
     if bad == '"27"':  # text that is a whole number is that step
         assert steps == list(range(1, 41))
-    else:  # before: the whole log was unreadable, naming neither file nor line
+    else:  # guards against a cut line making the whole log unreadable
         assert 27 not in steps and run.steps.num_rows == 39
         assert any("m.jsonl" in w and "row 27" in w for w in said), said
 
@@ -158,7 +158,7 @@ def test_a_nul_byte_or_a_utf16_stretch_does_not_hide_a_console_log(tmp_path, dam
     extra = b"\0" if damage == "nul" else "note: written by another tool\n".encode("utf-16-le")
     path = tmp_path / "verl.log"
     path.write_bytes(data[:cut] + extra + data[cut:])
-    (run,), _ = read_warned(path)  # before: "not a log in a format I know"
+    (run,), _ = read_warned(path)  # guards against a merged log read as no format
     assert run.format == "verl-console" and run.steps.num_rows == 100
 
 
@@ -187,6 +187,6 @@ def test_a_line_of_60000_cells_costs_little_more_than_a_narrow_log(tmp_path, rec
     wide_cpu, wide_kb = child_cost(wide_path)
     record_measurement(narrow_cpu_s=round(narrow_cpu, 2), wide_cpu_s=round(wide_cpu, 2),
                        narrow_max_rss_mb=narrow_kb // 1024, wide_max_rss_mb=wide_kb // 1024)  # fmt: skip
-    # before: 100.8 s and 1.47 GB (DuckDB over 60,000 columns); now the run keeps 2,000 of them
+    # guards against DuckDB reading all 60,000 columns: the run keeps 2,000 of them
     assert wide_cpu < 4 * narrow_cpu + 2, (wide_cpu, narrow_cpu)
     assert wide_kb - narrow_kb < 200 * 1024, (wide_kb, narrow_kb)

@@ -39,7 +39,7 @@ def test_a_run_resumed_in_s3_continues_its_part_numbers_and_keeps_both_sessions_
             if step % 10 == 9:
                 mon.flush()  # several parts per session
         mon.close()
-    assert steps_in(s3_root) == list(range(80))  # before: 40 of 80, part-000000 overwritten
+    assert steps_in(s3_root) == list(range(80))  # guards against a resumed session overwriting part-000000
 
 
 @pytest.fixture
@@ -74,7 +74,7 @@ def test_two_writers_started_while_the_store_is_down_one_uploads_the_other_keeps
         finally:
             server.stop()
     refused = [i for i, s in enumerate(stats) if s.refused]
-    assert len(refused) == 1, stats  # before: both accepted, 0 dropped, 0 pending
+    assert len(refused) == 1, stats  # guards against two writers both uploading
     loser, winner = refused[0], 1 - refused[0]
     assert uploaded == list(range(winner * 100, winner * 100 + 60))
     assert stats[loser].pending > 0 and "being written by" in stats[loser].refused
@@ -113,7 +113,7 @@ def test_a_wrong_key_is_said_while_training_runs_and_close_does_not_wait_for_it(
         lambda: Monitor(s3_root, "bad-key", writer=WriterConfig(storage_options=bad)), 1.0
     )
     assert first < 5 and any(s3_root in m and "ACCESS_DENIED" in m for m in said), said
-    assert closed_in(mon) < 5  # before: 30-32 s, and the first word at close
+    assert closed_in(mon) < 5  # guards against a close that waits out the store's retries
 
 
 def test_a_bucket_that_does_not_exist_is_said_and_never_made(s3_server, tmp_path, monkeypatch):

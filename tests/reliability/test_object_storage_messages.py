@@ -29,4 +29,6 @@ def test_a_damaged_part_and_run_json_in_s3_are_named_by_their_uri(s3_server, s3_
     said = [str(w.message) for w in caught if issubclass(w.category, CorruptPartWarning)]
     assert any(f"s3://{part}" in m for m in said), said
     assert any(f"{run}/run.json: status is 5" in m for m in said), said
-    assert not any(str(cache_root()) in m for m in said), said  # before: the cache's path
+    assert not any(str(cache_root()) in m for m in said), (
+        said
+    )  # guards against naming the local cache instead of the URI

@@ -96,7 +96,7 @@ def test_a_forked_child_never_touches_its_parents_run(tmp_path):
     child = start(tmp_path, "fork")
     out, err = child.communicate(timeout=60)
     assert child.returncode == 0, err
-    assert json.loads(out)["status"] == "running"  # before: the child's atexit marked it finished
+    assert json.loads(out)["status"] == "running"  # guards against a forked child marking its parent's run
     with open_runs(tmp_path / "run") as runs:
         rows = runs.sql("SELECT step, loss, status FROM steps, runs ORDER BY step").to_pylist()
     assert rows == [

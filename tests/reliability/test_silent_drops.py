@@ -40,7 +40,9 @@ def test_ingest_maps_names_from_every_line_as_the_in_place_read_does(tmp_path):
             for runs in (in_place, ingested)
         ]
     assert {"reward_mean", "clip_frac_active"} <= columns[1]
-    assert not {"reward", "clip_ratio_region_mean"} & columns[1]  # before: unmapped, and the run "healthy"
+    assert (
+        not {"reward", "clip_ratio_region_mean"} & columns[1]
+    )  # guards against an unmapped reward judged healthy
     assert {c for c in columns[0] if not c.startswith("monitor_")} <= columns[1]
     assert [v.status for v in verdicts] == ["collapsed", "collapsed"]
     assert verdicts[0].collapse_step == verdicts[1].collapse_step
@@ -65,7 +67,7 @@ def test_damaged_bytes_mid_file_are_reported_and_the_steps_after_them_read(event
         with open_runs(event_file) as runs:
             steps = runs.sql("SELECT count(*) AS n, max(step) AS last FROM steps").to_pylist()[0]
     assert "points between step" in str(seen[0].message)
-    assert steps["last"] == 399  # before: read up to step ~200, with no warning
+    assert steps["last"] == 399  # guards against a log read silently in part
     assert steps["n"] >= 395  # at most the damaged records' points are lost (a histogram's, perhaps: none)
 
 
@@ -93,7 +95,11 @@ def test_a_tensorboard_folder_with_root_event_files_and_run_folders_yields_every
     tensorboard_run(root, {step: {"loss": 0.5} for step in range(3)})
     tensorboard_run(root / "eval", {step: {"loss": 0.4} for step in range(5)})
     tensorboard_run(root / "train", {step: {"loss": 0.3} for step in range(7)})
-    assert [source.name for source in find_logs(root)] == ["tb", "eval", "train"]  # before: ["tb"]
+    assert [source.name for source in find_logs(root)] == [
+        "tb",
+        "eval",
+        "train",
+    ]  # guards against finding only the first log of a folder
     with open_runs(root) as runs:
         counts = runs.sql(
             "SELECT run_id, count(*) AS n FROM steps GROUP BY run_id ORDER BY run_id"

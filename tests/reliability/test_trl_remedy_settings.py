@@ -41,7 +41,9 @@ def build(trainer, model_dir, args):
 def test_an_sorl_config_given_to_a_trainer_without_the_sorl_loss_is_refused_at_construction(
     model_dir, tmp_path, trainer, fields
 ):
-    with pytest.raises(ValueError, match="needs SORLGRPOTrainer"):  # before: "Unknown loss type: so_grpo"
+    with pytest.raises(
+        ValueError, match="needs SORLGRPOTrainer"
+    ):  # guards against TRL's own "Unknown loss type"
         build(trainer, model_dir, config(SORLGRPOConfig, tmp_path, **fields))  # after the first generation
 
 

@@ -23,7 +23,7 @@ def test_a_collapse_the_run_came_back_from_says_where_and_how_it_ended(tmp_path)
     rewards = [0.55] * 349 + [0.07] * 70 + [min(0.92, 0.07 + 0.01 * k) for k in range(181)]
     with open_runs(jsonl(tmp_path / "back.jsonl", rewards)) as runs:
         verdict = postmortem(runs, "back")
-    # before: "collapsed" and nothing about the run coming back to 0.92, above the peak it fell from
+    # guards against a verdict silent on the run coming back above the peak it fell from
     assert verdict.status == "collapsed" and 349 <= verdict.collapse_step <= 352
     assert verdict.came_back_step is not None and 470 <= verdict.came_back_step <= 490
     assert any("recovered" in note and "ending at 0.92" in note for note in verdict.notes), verdict.notes

@@ -61,7 +61,7 @@ def test_a_summary_of_1000_columns_is_linear_in_columns_and_right(wide_logs, rec
         columns=COLUMNS, rows=3, summary_cpu_s=round(summary_s, 3), before_s=74,
         narrow_columns=COLUMNS // NARROW, narrow_cpu_s=round(narrow_s, 3),
     )  # fmt: skip
-    # before: 74 s for 1,000 columns; a statement over all columns for each column grows with their square
+    # guards against a summary whose time grows with the square of the columns
     assert summary_s < GROWTH_BOUND * narrow_s, (summary_s, narrow_s)
     by_metric = {row["metric"]: row for row in summary.to_pylist()}
     assert len(by_metric) == COLUMNS
