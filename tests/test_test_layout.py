@@ -1,6 +1,7 @@
 """Test code is layered: test modules import shared code from ``tests/helpers/`` only (never another test
-module or a ``conftest``), helpers import only helpers, and ``benchmarks/`` and ``experiments/`` import no
-test code. Read from the source (``ast``), lazy imports included."""
+module or a ``conftest``), helpers import only helpers, ``benchmarks/`` and ``experiments/`` import no test
+code, and the tests of ``experiments/``'s research scripts are in ``tests/experiments/``. Read from the source
+(``ast``), lazy imports included."""
 
 from __future__ import annotations
 
@@ -52,3 +53,18 @@ def test_benchmarks_and_experiments_import_no_test_code(folder):
     assert not wrong, "move what they need into the library or a module of their own:\n" + "\n".join(
         sorted(wrong)
     )
+
+
+def test_tests_of_the_research_scripts_live_in_tests_experiments():
+    """A test that loads a script of ``experiments/`` (by its file name) is in ``tests/experiments/``; tests
+    elsewhere may read the corpus and results, not run the scripts."""
+    scripts = {file.name for file in (ROOT / "experiments").glob("*.py")}
+    outside = {
+        str(file.relative_to(ROOT))
+        for file in sorted((ROOT / "tests").rglob("*.py"))
+        if ROOT / "tests" / "experiments" not in file.parents
+        for node in ast.walk(ast.parse(file.read_text(), str(file)))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and Path(node.value).name in scripts
+    }
+    assert not outside, "move them to tests/experiments/:\n" + "\n".join(sorted(outside))
+    assert (ROOT / "tests" / "experiments" / "__init__.py").exists()
