@@ -1,15 +1,21 @@
-"""No import cycle among ``sorl_monitor``'s own modules, every module imports in a fresh interpreter, and the
-layering of docs/architecture.md holds: the write path never imports the read path, the read path never
-imports ``integrations``.
+"""The package's layering, as docs/architecture.md draws it: one rule per folder, no import cycle, and every module
+imports in a fresh interpreter.
 
-The graph is read from the source (``ast``), over the packages ``pyproject.toml`` installs: an edge
-``a → b`` for each ``import b`` / ``from b import x`` in ``a`` (at any depth, lazy imports included), where
-``from pkg import sub`` points at the submodule ``pkg.sub``, not at ``pkg``'s ``__init__``.
+A module's *folder* is the sub-package of ``sorl_monitor`` it lives in (``sorl_monitor.read.sql.sandbox`` is in
+``read``); a module directly in ``sorl_monitor`` is a *shared leaf* (``schema``, ``settings``, …). A module may
+import its own folder, the shared leaves, and the folders its folder's rule names (``MAY_IMPORT``); a shared leaf
+imports only shared leaves; the package's ``__init__`` imports nothing when it runs (its exports load lazily).
+
+The graph is read from the source (``ast``), over the packages ``pyproject.toml`` installs: an edge ``a → b`` for
+each ``import b`` / ``from b import x`` in ``a`` (at any depth, lazy imports included, imports under ``if
+TYPE_CHECKING:`` left out: they never run), where ``from pkg import sub`` points at the submodule ``pkg.sub``, not
+at ``pkg``'s ``__init__``.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 import tomllib
@@ -18,6 +24,24 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = "sorl_monitor"
+
+MAY_IMPORT: dict[str, set[str]] = {
+    "logs": set(),
+    "write": set(),
+    "read": {"logs"},
+    "diagnose": {"read", "logs"},
+    "remedy": {"write", "diagnose"},
+    "figures": {"read", "diagnose"},
+    "integrations": {"write", "logs", "diagnose", "remedy"},
+    "trainer": {"write", "diagnose", "remedy"},
+    "dashboard": {"read", "diagnose", "figures", "logs"},
+    "cli": {"write", "logs", "read", "diagnose", "remedy", "figures", "trainer", "dashboard"},
+}
+"""Each folder's rule: the other folders its modules may import (besides their own folder and the shared leaves).
+The write path never reaches the read path (a trainer pays for neither DuckDB views nor plotly); the read path
+never reaches ``write/``, ``integrations/`` or the trainer; nothing but ``cli/`` imports ``dashboard/``, and
+nothing imports ``cli/``."""
 
 
 def package_modules() -> dict[str, Path]:
@@ -26,26 +50,41 @@ def package_modules() -> dict[str, Path]:
     dirs = setup.get("package-dir", {})
     modules = {}
     for package in setup["packages"]:
-        top = next(
-            (p for p in sorted(dirs, key=len, reverse=True) if package == p or package.startswith(p + ".")),
-            None,
-        )
-        folder = (
-            ROOT / dirs[top] / package[len(top) + 1 :].replace(".", "/")
-            if top
-            else ROOT / package.replace(".", "/")
-        )
-        modules[package] = folder / "__init__.py"
-        for file in folder.glob("*.py"):
+        modules[package] = package_folder(package, dirs) / "__init__.py"
+        for file in package_folder(package, dirs).glob("*.py"):
             if file.name != "__init__.py":
                 modules[f"{package}.{file.stem}"] = file
     return modules
 
 
+def package_folder(package: str, dirs: dict[str, str]) -> Path:
+    """Where ``package``'s files are (``package-dir`` maps ``sorl_monitor.cli`` to ``cli/``)."""
+    top = next(
+        (p for p in sorted(dirs, key=len, reverse=True) if package == p or package.startswith(p + ".")), None
+    )
+    if top is None:
+        return ROOT / package.replace(".", "/")
+    return ROOT / dirs[top] / package[len(top) + 1 :].replace(".", "/")
+
+
+def runtime_nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node of ``tree`` but those under ``if TYPE_CHECKING:``."""
+    found, todo = [], [tree]
+    while todo:
+        node = todo.pop()
+        found.append(node)
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                todo.extend(child.orelse)
+            else:
+                todo.append(child)
+    return found
+
+
 def imported_modules(name: str, file: Path, known: set[str]) -> set[str]:
-    """The package's own modules that ``file`` (module ``name``) imports."""
+    """The package's own modules that ``file`` (module ``name``) imports when it runs."""
     found = set()
-    for node in ast.walk(ast.parse(file.read_text(), str(file))):
+    for node in runtime_nodes(ast.parse(file.read_text(), str(file))):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -60,8 +99,41 @@ def imported_modules(name: str, file: Path, known: set[str]) -> set[str]:
     return (found & known) - {name}
 
 
+def import_graph() -> dict[str, set[str]]:
+    modules = package_modules()
+    return {name: imported_modules(name, file, set(modules)) for name, file in modules.items()}
+
+
+def folder_of(module: str, graph: dict[str, set[str]]) -> str | None:
+    """The folder of ``module`` (``read`` for ``sorl_monitor.read.sql.sandbox``); ``None`` for a shared leaf or
+    the package itself."""
+    parts = module.split(".")
+    if len(parts) < 2:
+        return None
+    if len(parts) == 2 and not any(other.startswith(module + ".") for other in graph):
+        return None  # a module directly in the package: a shared leaf
+    return parts[1]
+
+
+def crossings(graph: dict[str, set[str]], rules: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Each module that imports what its folder's rule does not allow → those modules."""
+    found = {}
+    for module, targets in graph.items():
+        folder = folder_of(module, graph)
+        if module == PACKAGE:
+            wrong = sorted(targets)  # the facade loads its exports lazily: no import at run time
+        elif folder is None:
+            wrong = sorted(t for t in targets if t != PACKAGE and folder_of(t, graph) is not None)
+        else:
+            allowed = {folder, *rules.get(folder, ())}
+            wrong = sorted(t for t in targets if folder_of(t, graph) not in (None, *allowed))
+        if wrong:
+            found[module] = wrong
+    return found
+
+
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    """The strongly connected components of more than one node (Tarjan), each sorted."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -89,75 +161,89 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def import_graph() -> dict[str, set[str]]:
-    modules = package_modules()
-    return {name: imported_modules(name, file, set(modules)) for name, file in modules.items()}
-
-
-WRITE_PATH = ("write",)
-"""The write path's modules (docs/architecture.md): what a trainer imports to log."""
-READ_PATH = ("read", "logs", "diagnose", "figures", "dashboard.report")
-"""The read path's modules and packages (each package with its submodules)."""
-
-
-def on_path(module: str, path: tuple[str, ...]) -> bool:
-    """Whether ``module`` (a full name) is one of ``path``'s modules or inside one of its packages."""
-    name = module.removeprefix("sorl_monitor.")
-    return any(name == part or name.startswith(part + ".") for part in path)
-
-
-def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
-    """Every module ``start`` imports, directly or through others."""
-    seen: set[str] = set()
-    todo = [start]
-    while todo:
-        for target in graph[todo.pop()] - seen:
-            seen.add(target)
-            todo.append(target)
-    return seen
-
-
-def test_the_write_path_never_imports_the_read_path():
+def test_every_module_imports_only_what_its_folders_rule_allows():
     graph = import_graph()
-    crossings = {
-        name: sorted(m for m in reachable(graph, name) if on_path(m, READ_PATH))
-        for name in graph
-        if on_path(name, WRITE_PATH)
-    }
-    assert {name: found for name, found in crossings.items() if found} == {}
+    assert {folder_of(m, graph) for m in graph} - {None} == set(MAY_IMPORT)
+    assert crossings(graph, MAY_IMPORT) == {}
 
 
-def test_the_read_path_never_imports_integrations():
-    graph = import_graph()
-    read_modules = [name for name in graph if on_path(name, READ_PATH)]
-    assert "sorl_monitor.logs.ingest" in read_modules and "sorl_monitor.figures.overview" in read_modules
-    crossings = {
-        name: sorted(m for m in reachable(graph, name) if on_path(m, ("integrations",)))
-        for name in read_modules
-    }
-    assert {name: found for name, found in crossings.items() if found} == {}
+def test_the_folder_rules_are_layers_with_no_cycle():
+    assert cycles({folder: set(allowed) for folder, allowed in MAY_IMPORT.items()}) == []
+    assert all(allowed <= set(MAY_IMPORT) for allowed in MAY_IMPORT.values())
+    assert not any("cli" in allowed for allowed in MAY_IMPORT.values())
+    assert not any(write_side in MAY_IMPORT["read"] for write_side in ("write", "integrations", "trainer"))
 
 
-def test_the_layering_check_finds_a_crossing():
+def test_the_folder_check_finds_a_crossing_and_a_leaf_that_reaches_up():
     graph = {
-        "sorl_monitor.write.monitor": {"sorl_monitor.metric_names"},
-        "sorl_monitor.metric_names": {"sorl_monitor.read.query"},
+        "sorl_monitor": set(),
+        "sorl_monitor.schema": set(),
+        "sorl_monitor.metric_names": {"sorl_monitor.read.query"},  # a leaf importing a folder
+        "sorl_monitor.write": set(),
+        "sorl_monitor.write.monitor": {
+            "sorl_monitor.metric_names",
+            "sorl_monitor.read.views",
+        },  # write → read
+        "sorl_monitor.read": set(),
+        "sorl_monitor.read.query": {
+            "sorl_monitor.read.views",
+            "sorl_monitor.logs.table",
+            "sorl_monitor.schema",
+        },
+        "sorl_monitor.read.views": set(),
+        "sorl_monitor.logs": set(),
+        "sorl_monitor.logs.table": set(),
     }
-    graph["sorl_monitor.read.query"] = set()
-    found = [m for m in reachable(graph, "sorl_monitor.write.monitor") if on_path(m, READ_PATH)]
-    assert found == ["sorl_monitor.read.query"]
-    assert not on_path("sorl_monitor.query_plan", READ_PATH) and on_path("sorl_monitor.logs.hf", READ_PATH)
+    assert folder_of("sorl_monitor.read.query", graph) == "read"
+    assert (
+        folder_of("sorl_monitor.schema", graph) is None and folder_of("sorl_monitor.write", graph) == "write"
+    )
+    assert crossings(graph, MAY_IMPORT) == {
+        "sorl_monitor.metric_names": ["sorl_monitor.read.query"],
+        "sorl_monitor.write.monitor": ["sorl_monitor.read.views"],
+    }
+
+
+def test_type_checking_imports_are_not_edges(tmp_path):
+    file = tmp_path / "facade.py"
+    file.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.write import Monitor\n"
+        "else:\n    import pkg.read\nimport pkg.schema\n"
+    )
+    known = {"pkg.write", "pkg.read", "pkg.schema"}
+    assert imported_modules("pkg", file, known) == {"pkg.read", "pkg.schema"}
 
 
 def test_the_package_has_no_import_cycle():
     graph = import_graph()
-    assert "sorl_monitor.diagnose.detectors" in graph and "sorl_monitor.cli.main" in graph
+    assert "sorl_monitor.diagnose.detectors.runner" in graph and "sorl_monitor.cli.main" in graph
     assert cycles(graph) == []
 
 
 def test_the_cycle_check_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_every_package_folder_is_installed():
+    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    installed = {package_folder(p, setup.get("package-dir", {})) for p in setup["packages"]}
+    folders = {
+        init.parent for top in (PACKAGE, "cli", "dashboard") for init in (ROOT / top).rglob("__init__.py")
+    }
+    assert folders - installed == set()
+
+
+def test_every_folder_has_its_role_in_one_line_of_the_architecture_doc():
+    """docs/architecture.md's folder table: a row per folder of the package (sub-folders included)."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    rows = set(re.findall(r"^\| `([\w/]+)/` \|", text, re.MULTILINE))
+    folders = {
+        str(init.parent.relative_to(ROOT / PACKAGE))
+        for init in (ROOT / PACKAGE).rglob("__init__.py")
+        if init.parent != ROOT / PACKAGE
+    }
+    assert folders | {"cli", "dashboard"} <= rows
 
 
 @pytest.mark.slow
@@ -186,24 +272,3 @@ def test_every_module_imports_in_a_fresh_interpreter():
     )
     done = subprocess.run([sys.executable, "-c", script, *order], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-
-
-QUERY_LAYER_MAY_IMPORT = {
-    "sorl_monitor.read.errors": set(),
-    "sorl_monitor.read.catalog": {"sorl_monitor.read.errors"},
-    "sorl_monitor.read.views": {"sorl_monitor.read.errors"},
-    "sorl_monitor.read.sql.statements": {"sorl_monitor.read.errors", "sorl_monitor.read.views"},
-}
-"""The query layer's modules below ``query`` and which of the layer's modules each may import (its map in
-docs/architecture.md): the catalog never builds views, the views never list folders."""
-
-
-def test_the_query_layer_imports_only_downward():
-    graph = import_graph()
-    layer = {*QUERY_LAYER_MAY_IMPORT, "sorl_monitor.read.query"}
-    for module, allowed in QUERY_LAYER_MAY_IMPORT.items():
-        assert graph[module] & layer <= allowed, module
-    outside = {
-        name for name, targets in graph.items() if name not in layer and targets & set(QUERY_LAYER_MAY_IMPORT)
-    }
-    assert outside == set(), "outside the query layer, import sorl_monitor.read.query (the facade)"
