@@ -47,7 +47,7 @@ PER_UPDATE_ONLY = ("ppo_epoch", "policy_lag", "ctn_active")
 
 SUMMED_BY_VERL = ("pg_loss", "kl_ref_k3")
 """What verl's actor logs as the sum over a step's ``ppo_epochs × mini-batches`` updates, not their mean
-(``actor/pg_loss`` and ``actor/kl_loss`` since verl #4711: ``names.VERL_ACTOR_NAMES``)."""
+(``actor/pg_loss`` and ``actor/kl_loss`` since verl #4711: ``metric_names.VERL_ACTOR_NAMES``)."""
 
 SAME_QUANTITY = {"kl_ref_k3": "kl_ref"}
 """A corpus column that is an instance of a more general ``steps`` column a name table maps to (verl's

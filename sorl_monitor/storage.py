@@ -32,7 +32,7 @@ LEASE_FOLDER = "_writers"
 """Where a run's writers keep their leases (``uploader``); never mirrored."""
 RUN_FILE = "run.json"
 TABLE_FOLDERS = ("steps", "turns", "modules", "alerts")
-"""With ``RUN_FILE``, what makes a folder in the store a run (``logs.detect.is_run_dir``'s rule, by name)."""
+"""With ``RUN_FILE``, what makes a folder in the store a run (``logs.formats.is_run_dir``'s rule, by name)."""
 VERDICTS_OBJECT = "verdicts.parquet"
 """The fleet's table at a root (``verdict_table.VERDICTS_FILE``): not a run."""
 STORAGE_OPTIONS = {

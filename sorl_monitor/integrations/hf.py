@@ -5,7 +5,7 @@
     trainer.train()
 
 Every optimizer update becomes one ``steps`` row at ``step = state.global_step`` (1-based, as the
-trainer logs it), holding what the trainer logged for that step (names mapped by ``names.map_metrics``
+trainer logs it), holding what the trainer logged for that step (names mapped by ``metric_names.map_metrics``
 with the ``trl`` table, which covers transformers' too; unknown keys kept as extra columns) and, with the TRL tap
 (``integrations.trl``), the update's token- and turn-level metrics (a tap may set ``clip_bounds``, the
 trust region the monitor measures with, and ``update_columns``, columns it computes over each update). Per-module gradient norms are read
@@ -84,7 +84,7 @@ class SorlCallback(TrainerCallback):
     Args:
         monitor: where rows go; default: a ``Monitor(log_dir, run_name)`` built at train start with the
             trainer's arguments as config (if it cannot be built, monitoring is off with a warning).
-        names: a trainer family of ``names.NAME_TABLES`` or a ``{trainer name: column}`` mapping (default
+        names: a trainer family of ``metric_names.NAME_TABLES`` or a ``{trainer name: column}`` mapping (default
             TRL's table, which includes transformers' names).
         detect: alerts from the recent ``steps`` window, run after each row (see ``AlertSource``).
         stop_on_critical: end training when ``detect`` reports a critical alert.

@@ -1,7 +1,7 @@
 """Adapters for the logging hooks of OpenRLHF, ROLL, SkyRL and prime-rl (docs/attach.md shows each).
 
 Each trainer hands a metrics dict and a step to its loggers; the adapter writes it as one ``steps`` row
-(``Monitor.log_scalars``, names mapped with the trainer family's table where ``names.py`` has one). A
+(``Monitor.log_scalars``, names mapped with the trainer family's table where ``metric_names.py`` has one). A
 trainer that logs several dicts at one step gets one row for that step. Nothing here raises into the
 trainer: a failure warns once (``MonitorWarning``) and training goes on. The hooks, read off the sources:
 
@@ -37,7 +37,7 @@ class TrackerRun:
 
     Args:
         log_dir, run_name, config, algorithm: the ``Monitor`` to build (unless ``monitor`` is given).
-        names: a trainer family of ``names.NAME_TABLES``, a ``{trainer name: column}`` mapping, or ``None``
+        names: a trainer family of ``metric_names.NAME_TABLES``, a ``{trainer name: column}`` mapping, or ``None``
             (names only snake-cased).
     """
 

@@ -4,7 +4,7 @@
     detect_format("logs/events.out.tfevents.1700000000.host")      # → "tensorboard"
 
 Each reader keeps one row per logged training step, with metric names mapped to ``steps`` columns by
-``names.map_metrics`` (unknown names kept, snake-cased). Nothing is written anywhere: the
+``metric_names.map_metrics`` (unknown names kept, snake-cased). Nothing is written anywhere: the
 query layer (``query.RunSet``) holds these runs in memory next to Parquet runs. docs/logs.md has what
 each reader reads and leaves out.
 """
@@ -181,7 +181,7 @@ def _name(path: Path, fmt: str, root: Path | None = None) -> str:
 
 
 def read_source(source: LogSource, options: LogOptions | None = None) -> list[ForeignRun]:
-    """The runs of one log, columns filled from a family's older names (``names.OLDER_NAMES``) and then from
+    """The runs of one log, columns filled from a family's older names (``metric_names.OLDER_NAMES``) and then from
     ``options.names``; ``LogFormatError`` (one line) when it cannot be read as its format."""
     options = options or LogOptions()
     try:

@@ -53,7 +53,7 @@ from sorl_monitor.logs.table import step_column
 from sorl_monitor.schema import RUN_FILE, TABLES
 
 LONG_HEAD_BYTES = 1 << 20
-"""How much of a file is read to find its first line when that line is longer than ``sniff.HEAD_BYTES``."""
+"""How much of a file is read to find its first line when that line is longer than ``file_head.HEAD_BYTES``."""
 
 
 def is_run_dir(path: Path) -> bool:

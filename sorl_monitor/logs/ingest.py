@@ -3,7 +3,7 @@
 Line logs (verl's file logger, flat JSON lines) are streamed: each line becomes a row as it is read, and a
 follower keeps reading as the file grows. Other logs are read whole (``read_source``) and their rows
 after the last step already in the run are written; a follower reads them again when their files change.
-Names arrive already mapped to ``steps`` columns (``names.map_metrics``).
+Names arrive already mapped to ``steps`` columns (``metric_names.map_metrics``).
 """
 
 from __future__ import annotations

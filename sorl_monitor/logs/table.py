@@ -73,7 +73,7 @@ class ForeignRun:
     """The file or folder it came from."""
     format: str
     family: str | None
-    """Trainer family (``names.guess_family`` over its metric names), or ``None``."""
+    """Trainer family (``metric_names.guess_family`` over its metric names), or ``None``."""
     info: dict[str, Any] = field(default_factory=dict)
     """What ``run.json`` would hold: ``status`` ("imported"), ``algorithm`` when the log says it, ``config``."""
     steps: pa.Table = field(default_factory=pa.table)
@@ -246,7 +246,7 @@ def without_trainer_prefix(names: Sequence[str]) -> dict[str, str]:
 
 
 def column_mapping(names: Sequence[str], family: str | None) -> list[tuple[str, str]]:
-    """``(log name, steps column)`` pairs as ``names.map_metrics`` maps one row holding every name.
+    """``(log name, steps column)`` pairs as ``metric_names.map_metrics`` maps one row holding every name.
 
     ``map_metrics`` renames (mapped names first, others snake-cased, collisions dropped); asking it once with
     each name's position as its value tells which name fills which column, so the mapping runs once per

@@ -16,7 +16,7 @@ and runs written since; ``read_new()`` reads only the parts of a run's table a r
 (what the dashboard and ``sorl watch`` do on every refresh). User SQL is
 read-only: only ``SELECT``/``EXPLAIN`` statements run, on a connection whose file access is locked
 to the opened folders (no ``COPY``, ``ATTACH``, ``INSTALL``, or reads elsewhere). A user's statement
-goes through ``user_sql``: a child process (``sql_sandbox``) with one DuckDB thread, no lock held, killed
+goes through ``sql.statements``: a child process (``sql.sandbox``) with one DuckDB thread, no lock held, killed
 at its time limit or once past the memory limit, at most ``max_rows`` rows (spills go to a private scratch
 folder).
 """
@@ -136,7 +136,7 @@ class NewRows:
 class RunSet:
     """Read-only DuckDB views over the runs found under ``paths`` (see module docstring): a facade over the
     run catalog (``catalog.RunCatalog``), the views (``views.Views``) and the users' statements
-    (``user_sql.UserStatements``), which it keeps in step under one lock."""
+    (``sql.statements.UserStatements``), which it keeps in step under one lock."""
 
     def __init__(
         self,
@@ -370,7 +370,7 @@ class RunSet:
     ) -> pa.Table:
         """Run a user's read-only statement (``sorl query``, a dashboard's SQL box) and return an Arrow table.
 
-        It runs in a child process (``sql_sandbox``) over the views as last refreshed, with one DuckDB
+        It runs in a child process (``sql.sandbox``) over the views as last refreshed, with one DuckDB
         thread, without holding the run set's lock (a ``refresh`` never waits for it); the child is killed
         after ``timeout_s`` seconds, within 0.05 s of another thread setting ``cancel``, or once its memory
         passes ``memory_limit`` (plus the interpreter's), and at most ``max_rows`` rows are fetched (ask for

@@ -1,13 +1,13 @@
 """The run set's DuckDB views: ``runs, steps, turns, modules, alerts`` (and ``verdicts``) on one connection.
 
-``Views`` owns a DuckDB connection confined to reading the opened folders (``sql_sandbox.confine``: no
+``Views`` owns a DuckDB connection confined to reading the opened folders (``sql.sandbox.confine``: no
 writes, no other files, no extensions, a memory limit with spills in a private scratch folder). Each
 table's view reads the part files the catalog listed (``read_parquet`` of an explicit list, every known
 column included even where no part has it yet); the ``steps`` view adds other tools' runs' rows, held as an
 in-memory table. Views and tables are replaced in one transaction (``swap``), so a query on another cursor
 sees them before or after a refresh, never missing. The ``SELECT`` behind each view and each in-memory
 table are kept (``snapshot``) so that a user's statement can rebuild them in its own process
-(``user_sql``).
+(``sql.statements``).
 """
 
 from __future__ import annotations
@@ -290,7 +290,7 @@ def allowed_names(folders: Iterable[str]) -> list[str]:
 def confined_connection(
     *, threads: int, memory_limit: str, scratch: str, allowed: list[str]
 ) -> duckdb.DuckDBPyConnection:
-    """A new in-memory DuckDB database locked to reading ``allowed`` (``sql_sandbox.confine``)."""
+    """A new in-memory DuckDB database locked to reading ``allowed`` (``sql.sandbox.confine``)."""
     con = duckdb.connect(config={"threads": threads})
     try:
         confine(con, memory_limit=memory_limit, temp_dir=scratch, allowed=allowed)
@@ -351,7 +351,7 @@ def check_read_only(query: str) -> None:
 
 @functools.lru_cache(maxsize=1024)
 def _refusal(query: str) -> str | None:
-    """Why ``query`` is refused (``sql_sandbox.check_read_only``), or ``None``: kept per text, since the
+    """Why ``query`` is refused (``sql.sandbox.check_read_only``), or ``None``: kept per text, since the
     package's own statements repeat (parsing one took ~10 % of a fleet's post-mortem)."""
     try:
         sandbox.check_read_only(query)

@@ -78,7 +78,7 @@ class CtnGuard:
         min_severity: ``"warning"`` (default: act early) or ``"critical"``.
         start_active: begin with CTN on (armed), as if a detector had fired just before the first update,
             so it goes off only after ``quiet_updates`` updates without a firing.
-        screen: skip the detector SQL on a call where ``guard_screen`` shows every trip detector clearly
+        screen: skip the detector SQL on a call where ``ctn_guard_screen`` shows every trip detector clearly
             below its warning level (the same decisions; False runs the SQL on every call).
     """
 

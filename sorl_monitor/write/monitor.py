@@ -7,11 +7,11 @@
     optimizer.step(); optimizer.zero_grad()
     mon.close()                                     # 4  (or use ``with Monitor(...) as mon:``)
 
-The monitor coordinates modules with one job each: ``metrics`` computes an update's metrics on the
+The monitor coordinates modules with one job each: ``update_metrics`` computes an update's metrics on the
 tensors' device, ``module_tracker`` the per-module norms, ``transfer`` queues their one copy to the host
 (never waiting on the device: docs/attach.md, "No sync in the training step"), ``in_flight`` finishes
 each update's rows, in order, once its copy has landed, ``writer`` writes rows to Parquet in the
-background, ``run_info`` keeps ``run.json`` and the run's end status (finished, failed, interrupted,
+background, ``run_file`` keeps ``run.json`` and the run's end status (finished, failed, interrupted,
 terminated), ``warn`` reports failures. Nothing here raises into the training loop once the monitor is
 built: a failure is counted (``monitor_errors``) and warned about once.
 """
@@ -294,8 +294,8 @@ class Monitor:
         """Log a trainer's metrics dict as one ``steps`` row, its names mapped to schema columns. Never raises.
 
         ``names``: ``"auto"`` maps with the table of the trainer family guessed from the keys
-        (``names.guess_family``; the first call whose keys name one fixes ``trainer_family`` for the run);
-        a family (``"trl"``, ``"verl"``, … ``names.NAME_TABLES``) or a ``{trainer name: column}`` mapping
+        (``metric_names.guess_family``; the first call whose keys name one fixes ``trainer_family`` for the run);
+        a family (``"trl"``, ``"verl"``, … ``metric_names.NAME_TABLES``) or a ``{trainer name: column}`` mapping
         forces a table; ``None`` maps nothing. Unmapped names become snake_case columns; a name that becomes
         a key column's is stored as ``metric_<key>`` (``schema.metric_column``); values that are not scalars
         (lists, multi-element tensors) are left out.

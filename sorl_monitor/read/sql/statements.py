@@ -3,7 +3,7 @@ with a time and a memory limit.
 
 ``UserStatements.run`` takes a snapshot of the views (``Views.snapshot``: each view's ``SELECT`` and each
 in-memory table, written once as an Arrow file in the run set's scratch folder), sends it with the
-statement to a child from a ``sql_sandbox.SandboxPool``, and maps what stops the child to a one-line
+statement to a child from a ``sandbox.SandboxPool``, and maps what stops the child to a one-line
 ``QueryError``. The child has one DuckDB thread and holds no lock of the run set's, so a heavy statement
 neither blocks a refresh nor takes the app's other cores.
 """
