@@ -18,7 +18,6 @@ import concurrent.futures
 import contextlib
 import json
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,6 @@ from sorl_monitor.diagnose.postmortem.judge import postmortem
 from sorl_monitor.diagnose.postmortem.label import COLLAPSE_SQL, LABEL_COLUMNS, collapse_params
 from sorl_monitor.diagnose.postmortem.verdict import Verdict
 from sorl_monitor.diagnose.timeline import RunCurves, Timeline, alert_onsets, ctn_spans
-from sorl_monitor.logs import LogOptions
 from sorl_monitor.read.live_tables import LiveTables
 from sorl_monitor.read.query import RunSet
 from sorl_monitor.read.step_rows import column_values
@@ -78,7 +76,8 @@ class LiveRuns(LiveTables):
     threads.
 
     Args:
-        source, fmt, min_refresh_s, log_options, run_paths: what to read (``LiveTables``).
+        source: what to read (``LiveTables``), and ``reading``, its other keywords (``fmt``, ``min_refresh_s``,
+            ``log_options``, ``run_paths``).
         detector_config: thresholds for the alert onsets, the collapse label and the verdict.
         postmortem_config: the collapse label's and the verdict's own settings.
         verdict_every_s: while a run is written its post-mortem is recomputed at most this often.
@@ -88,17 +87,12 @@ class LiveRuns(LiveTables):
         self,
         source: str | Path | RunSet,
         *,
-        fmt: str | None = None,
-        min_refresh_s: float = 0.25,
         detector_config: DetectorConfig | None = None,
         postmortem_config: PostmortemConfig | None = None,
         verdict_every_s: float = 30.0,
-        log_options: LogOptions | None = None,
-        run_paths: Sequence[str] = (),
+        **reading: Any,
     ) -> None:
-        super().__init__(
-            source, fmt=fmt, min_refresh_s=min_refresh_s, log_options=log_options, run_paths=run_paths
-        )
+        super().__init__(source, **reading)
         self.detector_config = detector_config or DetectorConfig()
         self.postmortem_config = postmortem_config or PostmortemConfig()
         self.verdict_every_s = verdict_every_s

@@ -20,16 +20,9 @@ from sorl_monitor.diagnose.detectors.config import DetectorConfig
 from sorl_monitor.read.query import RunSet
 
 FIRED_COLUMNS = pa.schema(
-    [
-        pa.field("run_id", pa.string()),
-        pa.field("step", pa.int64()),
-        pa.field("detector", pa.string()),
-        pa.field("severity", pa.string()),
-        pa.field("value", pa.float64()),
-        pa.field("threshold", pa.float64()),
-        pa.field("message", pa.string()),
-    ]
-)
+    [("run_id", pa.string()), ("step", pa.int64()), ("detector", pa.string()), ("severity", pa.string()),
+     ("value", pa.float64()), ("threshold", pa.float64()), ("message", pa.string())]
+)  # fmt: skip
 """Columns of ``detect``'s result: one row per (run, step, detector) that fired."""
 
 

@@ -60,7 +60,14 @@ def postmortem(
     evidence = _evidence(runs, run_id, end, label_row, run_rows["first_step"], settings)
     cause = explanation = remedy = None
     if status in ("collapsed", "collapsing"):
-        cause = _root_cause(summary, evidence, label_row, status, end, algorithm, settings)
+        cause = attribute(
+            _streak(summary),
+            evidence,
+            end if status == "collapsed" else label_row["last_step"],
+            _turn_level(algorithm, settings),
+            settings,
+            during=label_row["confirmed_step"] or label_row["last_step"],
+        )
         explanation = CAUSES[cause][0]
         remedy = remedy_for(cause, trainer_family(algorithm, _run_config(record)))
         notes = _collapse_notes(label_row, status, cause, end_signs, evidence, not_evaluated, settings)
@@ -181,33 +188,18 @@ def _evidence(
     return evidence
 
 
-def _root_cause(
-    summary: list[dict[str, Any]],
-    evidence: dict[str, Any],
-    label_row: dict[str, Any],
-    status: str,
-    end: int,
-    algorithm: str | None,
-    settings: PostmortemConfig,
-) -> str:
-    """The cause of a collapse (or collapsing log), from the alerts of the streak that runs into the fall, not
-    of a dip the run recovered from."""
-    turn_level = (
-        algorithm is not None and algorithm.lower().replace("-", "_") in settings.turn_level_algorithms
-    )
-    streak = [
+def _turn_level(algorithm: str | None, settings: PostmortemConfig) -> bool:
+    """Whether the run's algorithm already uses turn-level IS (granularity mismatch is not blamed on it)."""
+    return algorithm is not None and algorithm.lower().replace("-", "_") in settings.turn_level_algorithms
+
+
+def _streak(summary: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The alert summary of the streak that runs into the fall, not of a dip the run recovered from."""
+    return [
         {**row, "first_step": row["streak_first_step"], "first_critical_step": row["streak_critical_step"]}
         for row in summary
         if row["streak_first_step"] is not None
     ]
-    return attribute(
-        streak,
-        evidence,
-        end if status == "collapsed" else label_row["last_step"],
-        turn_level,
-        settings,
-        during=label_row["confirmed_step"] or label_row["last_step"],
-    )
 
 
 def _collapse_notes(
