@@ -44,7 +44,8 @@ import warnings
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from sorl_monitor import Monitor, transfer
+from sorl_monitor import Monitor
+from sorl_monitor.write import transfer
 
 QWEN2_05B = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                  num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True)  # fmt: skip

@@ -161,8 +161,7 @@ import json, os, sys, time
 sys.path.insert(0, sys.argv[1])
 os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])
 import sorl_monitor
-from sorl_monitor.diagnose.postmortem import postmortem
-from sorl_monitor.read.query import open_runs
+from sorl_monitor import open_runs, postmortem  # the public names: the same in every checkout compared
 times = {}
 started, cpu = time.perf_counter(), time.process_time()
 with open_runs(sys.argv[2]) as runs:
