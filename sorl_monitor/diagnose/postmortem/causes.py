@@ -119,9 +119,10 @@ def attribute(
     config: PostmortemConfig,
     during: int | None = None,
 ) -> str:
-    """The root cause of a collapse at ``end`` (a key of ``CAUSES``) from the alerts and the evidence. Signs that
-    are the fall itself rather than its precursors (the score falling under a held reward, answers shrinking,
-    entropy dying) count up to ``during`` (where the collapse is confirmed; default ``end``)."""
+    """The root cause of a collapse at ``end`` (a key of ``CAUSES``) from the alerts and the evidence, by the rules of
+    docs/detectors.md's root-cause table. Signs that are the fall itself rather than its precursors (the score
+    falling under a held reward, answers shrinking, entropy dying) count up to ``during`` (where the collapse is
+    confirmed; default ``end``)."""
     first = _first_of_family(summary, end)
     during = end if during is None else max(end, during)
     first_during = _first_of_family(summary, during)

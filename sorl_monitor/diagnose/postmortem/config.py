@@ -16,7 +16,8 @@ from sorl_monitor.settings import check_settings, parse_assignments, read_toml, 
 class PostmortemConfig:
     """The collapse label's and the root cause's settings (the detectors' own: ``DetectorConfig``).
 
-    Windows count optimizer steps; thresholds are described with the rules that use them (module docstring).
+    Windows count optimizer steps; the rules that use the thresholds: docs/detectors.md ("Collapse label, verdict,
+    root cause").
     """
 
     # ---- collapse label (evaluation, not an alert)

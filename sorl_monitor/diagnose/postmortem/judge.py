@@ -37,7 +37,7 @@ def postmortem(
     config: DetectorConfig | None = None,
     postmortem_config: PostmortemConfig | None = None,
 ) -> Verdict:
-    """Label, time, and (for a collapse) explain one run (see the package docstring) with the detectors'
+    """Label, time, and (for a collapse) explain one run (docs/detectors.md) with the detectors'
     ``config`` and the post-mortem's own settings."""
     config = config or DetectorConfig()
     settings = postmortem_config or PostmortemConfig()

@@ -157,7 +157,8 @@ every 5 steps gets the same label):
 * ``came_back_step``: after a confirmed reward collapse, the first step its moving average is back within
   ``peak_band`` of the peak it fell from (a collapse the run recovered from; null otherwise).
 
-Shares and ratios are of the reward above its floor (module docstring: ``floors``); ``reward_peak`` and
+Shares and ratios are of the reward above its floor (``floors``: 0 for a reward never negative, −1 for one within
+[−1, 1], else its lowest block); ``reward_peak`` and
 ``reward_at_collapse`` are on the reward's own scale. Collapse columns are null for a run without one."""
 
 LABEL_BLOCK_COLUMNS = ", min(step) AS first_step, count(*) AS rows_logged, sum(reward) AS reward_sum, count(reward) AS reward_rows"
