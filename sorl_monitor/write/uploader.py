@@ -43,6 +43,11 @@ from sorl_monitor.storage import LEASE_FOLDER, cache_root, filesystem, local_cop
 
 LEASE_S = 60.0
 """A writer's lease older than this is taken to be a dead writer's: another writer may take the rank."""
+LEASE_SETTLE_S = 1.0
+"""How long a writer waits between writing the lease and reading it back: two writers that both found the lease
+free, and wrote theirs within this of each other, both see the later one, and only its writer goes on (the store
+has no conditional write; a writer slower than this between its read and its write can still slip through, and
+is stopped at its next renewal)."""
 SKIPPED_SUFFIXES = (".tmp", ".lock")
 """Local files never uploaded: files being written, and the local writer's lock."""
 SILENT_S = 3.0
@@ -206,7 +211,7 @@ class RunUploader:
         if self._held_by_other(holder):
             return self._refuse(holder)
         self._write_lease()
-        time.sleep(0.2)
+        time.sleep(LEASE_SETTLE_S)
         holder = self._read_lease()
         return self._refuse(holder) if self._held_by_other(holder) else True
 
