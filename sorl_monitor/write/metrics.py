@@ -15,8 +15,8 @@ Non-finite inputs are counted (``nonfinite_count``) and left out of every other 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -56,34 +56,49 @@ def masked_min(x: Tensor, mask: Tensor) -> Tensor:
     return -masked_max(-x, mask)
 
 
-@lru_cache(maxsize=64)
-def quantile_levels(q: tuple[float, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
-    """The levels ``q`` as a tensor on ``device``, built once per (levels, dtype, device): a tensor built
-    from a Python list is a host→device copy, which on CUDA waits for the queued work (a sync)."""
-    return torch.tensor(q, dtype=dtype, device=device)
+def masked_tails(x: Tensor, mask: Tensor, tail: float) -> Tensor:
+    """Quantiles ``tail`` and ``1 − tail`` of the selected values, shape ``(2,)``; NaN where nothing is selected.
 
-
-def masked_quantile(x: Tensor, mask: Tensor, q: float | Sequence[float]) -> Tensor:
-    """Quantile(s) ``q`` (linear interpolation) of the selected values; NaN where nothing is selected.
-
-    Inputs above ``QUANTILE_MAX_ELEMENTS`` entries are strided down to that size first.
+    The same values as ``torch.nanquantile`` (linear interpolation: rank ``q·(n − 1)`` over the ``n`` selected
+    values), but only the ``⌈tail·(N − 1)⌉ + 2`` lowest and highest of the ``N`` entries are ranked (``topk``),
+    not all of them sorted. Inputs above ``QUANTILE_MAX_ELEMENTS`` entries are strided down to that size first.
     """
-    flat = torch.where(mask.bool(), x, torch.full_like(x, float("nan"))).flatten()
-    if flat.numel() > QUANTILE_MAX_ELEMENTS:
-        flat = flat[:: -(-flat.numel() // QUANTILE_MAX_ELEMENTS)]
-    if isinstance(q, float | int):
-        return torch.nanquantile(flat, q)
-    return torch.nanquantile(flat, quantile_levels(tuple(q), flat.dtype, flat.device))
+    values, selected = x.flatten(), mask.flatten().bool()
+    if values.numel() > QUANTILE_MAX_ELEMENTS:
+        stride = -(-values.numel() // QUANTILE_MAX_ELEMENTS)
+        values, selected = values[::stride], selected[::stride]
+    k = min(values.numel(), math.ceil(tail * (values.numel() - 1)) + 2)
+    lowest = torch.where(selected, values, float("inf")).topk(k, largest=False).values  # ascending
+    highest = torch.where(selected, values, float("-inf")).topk(k).values  # descending
+    n = selected.sum()
+    tails = []
+    for ranked, q in ((lowest, tail), (highest, 1 - tail)):
+        rank = (q * (n - 1).to(values.dtype)).clamp_min(0)  # in the n selected values, ascending
+        below, above = rank.long(), rank.ceil().long()
+        if ranked is highest:  # ascending rank r is descending position n − 1 − r
+            below, above = n - 1 - below, n - 1 - above
+        lower, upper = (ranked.gather(0, i.clamp(0, k - 1).view(1)) for i in (below, above))
+        tails.append(lower.lerp(upper, rank - rank.floor()))
+    return torch.where(n > 0, torch.cat(tails), float("nan"))
 
 
-def value_stats(x: Tensor, mask: Tensor) -> dict[str, Tensor]:
-    """``mean, std, min, max`` of the selected entries."""
-    return {
-        "mean": masked_mean(x, mask),
-        "std": masked_std(x, mask),
-        "min": masked_min(x, mask),
-        "max": masked_max(x, mask),
-    }
+def masked_means(x: Tensor, mask: Tensor) -> Tensor:
+    """``Σ x[q]·mask / Σ mask`` for every ``x[q]`` of ``x (Q, …)`` in one matrix-vector product, shape ``(Q,)``;
+    NaN where nothing is selected. ``x`` must be finite where ``mask`` is not set (e.g. zero-filled)."""
+    weights = mask.reshape(-1).to(x.dtype)
+    count = weights.sum()
+    means = x.reshape(len(x), -1) @ weights / count.clamp_min(1)
+    return torch.where(count > 0, means, float("nan"))
+
+
+def masked_extremes(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Smallest and largest selected value of every ``x[q]`` of ``x (Q, …)``, each of shape ``(Q,)``; NaN where
+    nothing is selected."""
+    dims = tuple(range(1, x.dim()))
+    some = mask.any()
+    low = torch.where(mask, x, float("inf")).amin(dims)
+    high = torch.where(mask, x, float("-inf")).amax(dims)
+    return torch.where(some, low, float("nan")), torch.where(some, high, float("nan"))
 
 
 # --------------------------------------------------------------------------- turns
@@ -96,7 +111,7 @@ def turn_ids_from_mask(mask: Tensor) -> Tensor:
     return torch.where(policy, ids, torch.full_like(ids, -1))
 
 
-def _turn_index(turn_ids: Tensor) -> Tensor:
+def turn_index(turn_ids: Tensor) -> Tensor:
     """Flat index ``b·T + k`` of each token's turn (turn ids below 0 map to the row's slot 0; mask them)."""
     batch, length = turn_ids.shape
     rows = torch.arange(batch, device=turn_ids.device).unsqueeze(1) * length
@@ -108,7 +123,7 @@ def turn_sum(x: Tensor, turn_ids: Tensor, valid: Tensor) -> Tensor:
     batch, length = turn_ids.shape
     source = torch.where(valid, x, torch.zeros((), dtype=x.dtype, device=x.device)).flatten()
     out = torch.zeros(batch * length, dtype=x.dtype, device=x.device)
-    return out.index_add(0, _turn_index(turn_ids), source).view(batch, length)
+    return out.index_add(0, turn_index(turn_ids), source).view(batch, length)
 
 
 def turn_count(turn_ids: Tensor, valid: Tensor) -> Tensor:
@@ -122,13 +137,25 @@ def turn_mean(x: Tensor, turn_ids: Tensor, valid: Tensor) -> Tensor:
     return turn_sum(x, turn_ids, valid) / count.clamp_min(1)
 
 
-def turn_reduce(x: Tensor, turn_ids: Tensor, valid: Tensor, reduce: str) -> Tensor:
-    """Per-turn ``amax`` or ``amin`` over valid tokens, shape ``(B, T)``; ∓inf for empty slots."""
-    batch, length = turn_ids.shape
-    fill = float("-inf") if reduce == "amax" else float("inf")
-    source = torch.where(valid, x, torch.full_like(x, fill)).flatten()
-    out = torch.full((batch * length,), fill, dtype=x.dtype, device=x.device)
-    return out.scatter_reduce(0, _turn_index(turn_ids), source, reduce=reduce).view(batch, length)
+def turn_sums(x: Tensor, index: Tensor, valid: Tensor) -> Tensor:
+    """Per-turn ``Σ_{t∈k} x[q, t]`` over valid tokens for every ``x[q]`` of ``x (Q, B, T)``: shape ``(Q, B, T)``.
+    ``index``: ``turn_index(turn_ids)``. One 1-D ``index_add_`` per ``q``: on the CPU, one along dimension 1
+    of the whole stack is several times slower once the stack outgrows the cache."""
+    source = torch.where(valid, x, 0.0).reshape(len(x), -1)
+    out = torch.zeros_like(source)
+    for total, values in zip(out, source, strict=True):
+        total.index_add_(0, index, values)
+    return out.view(x.shape)
+
+
+def turn_mins(x: Tensor, index: Tensor, valid: Tensor) -> Tensor:
+    """Per-turn ``min_{t∈k} x[q, t]`` over valid tokens for every ``x[q]`` of ``x (Q, B, T)`` (a maximum is
+    ``−min(−x)``): shape ``(Q, B, T)``, inf for empty slots. One 1-D ``scatter_reduce_`` per ``q``."""
+    source = torch.where(valid, x, float("inf")).reshape(len(x), -1)
+    out = torch.full_like(source, float("inf"))
+    for lowest, values in zip(out, source, strict=True):
+        lowest.scatter_reduce_(0, index, values, reduce="amin")
+    return out.view(x.shape)
 
 
 def broadcast_turns(per_turn: Tensor, turn_ids: Tensor) -> Tensor:
@@ -260,7 +287,7 @@ def group_index(param_groups: Sequence[Sequence[Tensor]], device: torch.device) 
 def module_norms(
     param_groups: Sequence[Sequence[Tensor]], index: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
-    """Per-group L2 norms ``(grad_norms (M,), param_norms (M,))`` with one batched norm call per kind.
+    """Per-group L2 norms ``(grad_norms (M,), param_norms (M,))`` with one batched norm call for both kinds.
 
     A group's norm is ``sqrt(Σ_p ||p||²)`` over its parameters; parameters without a gradient add 0.
     Each parameter's norm is accumulated and returned in float32 whatever its dtype (a bf16 norm keeps 3
@@ -272,10 +299,8 @@ def module_norms(
         index = group_index(param_groups, device)
     with torch.no_grad():
         empty = torch.zeros(0, device=device)  # a parameter without a gradient: its norm is 0
-        grads = [empty if p.grad is None else p.grad.detach() for p in params]
-        param_sq = torch.stack(torch._foreach_norm([p.detach() for p in params], 2, dtype=torch.float32)) ** 2
-        grad_sq = torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)) ** 2
-        zeros = torch.zeros(len(param_groups), device=device)
-        param_norm = zeros.index_add(0, index, param_sq).sqrt()
-        grad_norm = zeros.index_add(0, index, grad_sq).sqrt()
+        grads = [empty if p.grad is None else p.grad for p in params]
+        squares = torch.stack(torch._foreach_norm(grads + params, 2, dtype=torch.float32)) ** 2  # one call
+        zeros = torch.zeros(2, len(param_groups), device=device)
+        grad_norm, param_norm = zeros.index_add_(1, index, squares.view(2, -1)).sqrt()
     return grad_norm, param_norm

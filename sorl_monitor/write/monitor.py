@@ -48,7 +48,7 @@ from sorl_monitor.write.run_file import (
 )
 from sorl_monitor.write.run_output import close_upload, open_writer, staged_upload
 from sorl_monitor.write.transfer import start_copy
-from sorl_monitor.write.update_metrics import TURN_COLUMNS, MetricsConfig, UpdateMetrics, update_metrics
+from sorl_monitor.write.update_metrics import MetricsConfig, UpdateMetrics, update_metrics
 from sorl_monitor.write.update_rows import PendingUpdate, key_value, module_rows, step_row, turn_columns
 from sorl_monitor.write.uploader import UploadStats
 from sorl_monitor.write.writer import ParquetStreamWriter, WriterConfig, WriterStats
@@ -222,16 +222,15 @@ class Monitor:
         Tensors on the metrics' device go in the copy; tensors elsewhere (e.g. host tensors in a CUDA run)
         are read on the host now: moving them to the device would be a copy that waits for it.
         """
-        first = next(iter(metrics.scalars.values()))
-        device, dtype = first.device, first.dtype
+        device, dtype = metrics.values.device, metrics.values.dtype
         tensor_extras = {metric_column(column_name(k)): v for k, v in extra.items() if isinstance(v, Tensor)}
-        on_device = {"scalars": torch.stack(list(metrics.scalars.values()))}  # one host copy of all these
+        on_device = {"scalars": metrics.values}  # one host copy of all these
         device_extras = [v for v in tensor_extras.values() if v.device == device]
         if device_extras:
             on_device["extras"] = torch.stack([v.detach().reshape(()).to(dtype) for v in device_extras])
         update = PendingUpdate(
             keys=keys,
-            scalar_names=list(metrics.scalars),
+            scalar_names=metrics.names,
             tensor_extras=list(tensor_extras),
             host_extras={
                 name: float(v.detach().reshape(()).to(torch.float64))
@@ -254,9 +253,7 @@ class Monitor:
             on_device["module_grads"], on_device["module_params"] = self._modules.measure()
         self._updates += 1
         if log_turns:
-            on_device["turns"] = torch.stack(
-                [metrics.turns[c] for c in TURN_COLUMNS] + [metrics.turn_valid.to(dtype)]
-            )
+            on_device["turns"] = metrics.turn_table  # TURN_COLUMNS, then turn_valid
             if sample_ids is not None and sample_ids.device == device:
                 on_device["sample_ids"] = sample_ids.reshape(-1)
             elif sample_ids is not None:

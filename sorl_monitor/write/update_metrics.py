@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 from torch import Tensor
@@ -11,7 +12,6 @@ from torch import Tensor
 from sorl_monitor.settings import check_setting
 from sorl_monitor.write.metrics import (
     clip_active,
-    clip_fraction,
     clipped_high,
     clipped_low,
     entropy_from_logits,
@@ -19,19 +19,16 @@ from sorl_monitor.write.metrics import (
     kl_k1,
     kl_k2,
     kl_k3,
-    masked_max,
     masked_mean,
-    masked_min,
-    masked_quantile,
-    masked_std,
+    masked_extremes,
+    masked_means,
+    masked_tails,
     masked_sum,
     token_log_ratio,
-    turn_count,
     turn_ids_from_mask,
-    turn_mean,
-    turn_reduce,
-    turn_sum,
-    value_stats,
+    turn_index,
+    turn_mins,
+    turn_sums,
 )
 
 TURN_COLUMNS = (
@@ -77,11 +74,28 @@ DEFAULTS = MetricsConfig()
 
 @dataclass
 class UpdateMetrics:
-    """What ``update_metrics`` returns, still on device: 0-d ``scalars`` and ``(B, K)`` ``turns`` columns."""
+    """What ``update_metrics`` returns, still on device: the step-level scalars as one ``(S,)`` tensor
+    (``values``, named by ``names``) and the per-turn columns as one ``(len(TURN_COLUMNS) + 1, B, K)``
+    tensor (``turn_table``: ``TURN_COLUMNS`` in order, then ``turn_valid`` as 0/1) — one host copy each."""
 
-    scalars: dict[str, Tensor]
-    turns: dict[str, Tensor] = field(default_factory=dict)
-    turn_valid: Tensor | None = None
+    names: list[str]
+    values: Tensor
+    turn_table: Tensor
+
+    @property
+    def scalars(self) -> dict[str, Tensor]:
+        """``{name: 0-d tensor}``."""
+        return dict(zip(self.names, self.values.unbind(), strict=True))
+
+    @property
+    def turns(self) -> dict[str, Tensor]:
+        """``{turn column: (B, K) tensor}``."""
+        return dict(zip(TURN_COLUMNS, self.turn_table.unbind(), strict=False))
+
+    @property
+    def turn_valid(self) -> Tensor:
+        """``(B, K)`` bool: which turn slots exist."""
+        return self.turn_table[-1] > 0
 
 
 def _finite(*tensors: Tensor | None) -> Tensor | None:
@@ -103,6 +117,32 @@ def _per_token(x: Tensor | None, shape: torch.Size, dtype: torch.dtype) -> Tenso
     return x.unsqueeze(1).expand(shape) if x.dim() == 1 else x
 
 
+@lru_cache(maxsize=256)
+def _positions(order: tuple[int, ...], device: torch.device) -> Tensor:
+    """``order`` as an index tensor on ``device``, built once per (order, device): a tensor built from a Python
+    list is a host→device copy, which on CUDA waits for the queued work (a sync)."""
+    return torch.tensor(order, dtype=torch.long, device=device)
+
+
+class _Scalars:
+    """Named 1-D tensors of step-level scalars, gathered into one ``(S,)`` tensor in the order they were named."""
+
+    def __init__(self) -> None:
+        self.parts: list[Tensor] = []
+        self.at: dict[str, int] = {}  # name → position in the concatenated parts
+        self.size = 0
+
+    def add(self, names: list[str | None], values: Tensor) -> None:
+        """``values[i]`` is called ``names[i]`` (``None``: computed, not kept)."""
+        self.at.update((name, self.size + i) for i, name in enumerate(names) if name is not None)
+        self.parts.append(values)
+        self.size += len(names)
+
+    def gather(self, order: list[str]) -> Tensor:
+        values = torch.cat(self.parts)
+        return values.index_select(0, _positions(tuple(self.at[name] for name in order), values.device))
+
+
 @torch.no_grad()
 def update_metrics(
     logp: Tensor,
@@ -122,15 +162,18 @@ def update_metrics(
     clip_eps_high: float | None = DEFAULTS.clip_eps_high,
     max_turn_rows: int = DEFAULTS.max_turn_rows,
 ) -> UpdateMetrics:
-    """Every metric of docs/schema.md for one update, as 0-d tensors (``scalars``) and per-turn columns (``turns``).
+    """Every metric of docs/schema.md for one update: step-level scalars and per-turn columns, on the device.
 
     ``advantages``, ``values``, ``returns`` may be per token ``(B, T)`` or per sequence ``(B,)``;
-    ``rewards`` is per episode ``(B,)`` or per token ``(B, T)`` (summed per row). ``turns`` holds the
-    first ``max_turn_rows`` turn slots of each row (``turn_valid`` says which exist); every step-level
-    turn statistic uses all turns.
+    ``rewards`` is per episode ``(B,)`` or per token ``(B, T)`` (summed per row). The turn table holds
+    the first ``max_turn_rows`` turn slots of each row; every step-level turn statistic uses all turns.
+
+    The per-token quantities are zero-filled off the valid tokens, stacked, and reduced together (means as one
+    matrix-vector product, extremes as one ``amin``/``amax``, tails by ``topk``, per-turn sums and minima as one
+    scatter per quantity): a few dozen kernels per call whatever the inputs, so its fixed cost stays small.
     """
     dtype = torch.float32 if logp.device.type == "mps" else torch.float64
-    shape = logp.shape
+    shape, device = logp.shape, logp.device
     logp, old_logp = logp.detach().to(dtype), old_logp.detach().to(dtype)
     policy = mask.bool()
     if turn_ids is None:
@@ -143,124 +186,130 @@ def update_metrics(
     val = _per_token(values, shape, dtype)
     ret = _per_token(returns, shape, dtype)
 
-    token_inputs = (logp, old_logp, ref_logp, entropy, adv, val, ret)
-    finite = _finite(*token_inputs)
+    finite = _finite(logp, old_logp, ref_logp, entropy, adv, val, ret)
     valid = policy & finite
     eps_high = clip_eps if clip_eps_high is None else clip_eps_high
-
-    log_ratio = torch.where(
-        valid, token_log_ratio(logp, old_logp), torch.zeros((), dtype=dtype, device=logp.device)
-    )
+    zero = torch.zeros((), dtype=dtype, device=device)
+    # every per-token quantity is zero-filled off the valid tokens, so masked sums are matrix-vector products
+    log_ratio = torch.where(valid, token_log_ratio(logp, old_logp), zero)
+    adv, val, ret, entropy = (None if x is None else torch.where(valid, x, zero) for x in (adv, val, ret, entropy))
     ratio = log_ratio.exp()
-    clip = clip_fraction(ratio, valid, clip_eps, eps_high)
-    tails = masked_quantile(log_ratio, valid, [0.01, 0.99]).exp()
-    s: dict[str, Tensor] = {
-        "ratio_mean": masked_mean(ratio, valid),
-        "ratio_min": masked_min(ratio, valid),
-        "ratio_max": masked_max(ratio, valid),
-        "ratio_p01": tails[0],
-        "ratio_p99": tails[1],
-        "log_ratio_std": masked_std(log_ratio, valid),
-        "clip_frac": clip["total"],
-        "clip_frac_low": clip["low"],
-        "clip_frac_high": clip["high"],
-        "kl_old_k1": masked_mean(kl_k1(log_ratio), valid),
-        "kl_old_k2": masked_mean(kl_k2(log_ratio), valid),
-        "kl_old_k3": masked_mean(kl_k3(log_ratio), valid),
-    }
-    row_valid = valid.any(dim=1)
-    s["seq_ratio_mean"] = masked_mean(masked_mean(log_ratio, valid, dim=1).exp(), row_valid)
+    low, high = clipped_low(ratio, clip_eps), clipped_high(ratio, eps_high)
+    token_clipped = (low | high).to(dtype)
+    kl_old = kl_k3(log_ratio)
+    out = _Scalars()
 
-    # turn-level IS, the arithmetic form: w̄_k = mean_{t∈k} r_t (docs/schema.md, "The turn ratio")
-    in_turn = valid & (turn_ids >= 0)
-    n_tokens = turn_count(turn_ids, in_turn)
-    turn_exists = n_tokens > 0
-    turn_ratio_mean = turn_mean(ratio, turn_ids, in_turn)
-    turn_log_sum = turn_sum(log_ratio, turn_ids, in_turn)
-    turn_ratio_geo = (turn_log_sum / n_tokens.clamp_min(1)).exp()
-    turn_clipped = clipped_low(turn_ratio_mean, clip_eps) | clipped_high(turn_ratio_mean, eps_high)
-    s["turn_ratio_mean"] = masked_mean(turn_ratio_mean, turn_exists)
-    s["turn_ratio_max"] = masked_max(turn_ratio_mean, turn_exists)
-    s["turn_ratio_min"] = masked_min(turn_ratio_mean, turn_exists)
-    s["turn_geo_ratio_mean"] = masked_mean(turn_ratio_geo, turn_exists)
-    s["turn_log_ratio_sum_max"] = masked_max(turn_log_sum.abs(), turn_exists)
-    s["clip_frac_turn"] = masked_mean(turn_clipped.to(dtype), turn_exists)
-
+    # token level, one stack: the quantities with a spread first (min/max: ratio to return; std: adv to log ratio)
+    spread = {"ratio": ratio} | {name: x for name, x in (("adv", adv), ("value", val), ("return", ret)) if x is not None}
+    token = spread | {"log_ratio": log_ratio, "clip_frac": token_clipped, "clip_frac_low": low.to(dtype),
+                      "clip_frac_high": high.to(dtype), "kl_old_k1": kl_k1(log_ratio), "kl_old_k2": kl_k2(log_ratio),
+                      "kl_old_k3": kl_old}  # fmt: skip
     if ref_logp is not None:
-        ref_x = torch.where(valid, ref_logp - logp, torch.zeros((), dtype=dtype, device=logp.device))
-        s["kl_ref_k1"] = masked_mean(kl_k1(ref_x), valid)
-        s["kl_ref_k2"] = masked_mean(kl_k2(ref_x), valid)
-        s["kl_ref_k3"] = masked_mean(kl_k3(ref_x), valid)
+        ref_x = torch.where(valid, ref_logp - logp, zero)
+        token.update(kl_ref_k1=kl_k1(ref_x), kl_ref_k2=kl_k2(ref_x), kl_ref_k3=kl_k3(ref_x))
     if entropy is not None:
-        s["entropy"] = masked_mean(entropy, valid)
+        token["entropy"] = entropy
     if adv is not None:
-        for name, value in value_stats(adv, valid).items():
-            s[f"adv_{name}"] = value
-        s["clip_frac_active"] = masked_mean(clip_active(ratio, adv, clip_eps, eps_high).to(dtype), valid)
-    if val is not None:
-        for name, value in value_stats(val, valid).items():
-            s[f"value_{name}"] = value
-    if ret is not None:
-        for name, value in value_stats(ret, valid).items():
-            s[f"return_{name}"] = value
+        token["clip_frac_active"] = clip_active(ratio, adv, clip_eps, eps_high).to(dtype)
+    names = list(token)
+    stack = torch.stack(list(token.values()))
+    means = masked_means(stack, valid)
+    out.add([name if name not in spread else f"{name}_mean" for name in names], means)
+    n_spread = len(spread)
+    deviations = stack[1 : n_spread + 1] - means[1 : n_spread + 1, None, None]  # adv … return, log ratio
+    out.add([f"{name}_std" for name in names[1 : n_spread + 1]], masked_means(deviations**2, valid).sqrt())
+    lowest, highest = masked_extremes(stack[:n_spread], valid)
+    out.add([f"{name}_min" for name in spread], lowest)
+    out.add([f"{name}_max" for name in spread], highest)
+    out.add(["ratio_p01", "ratio_p99"], masked_tails(log_ratio, valid, 0.01).exp())
 
-    episode_reward = None
+    # turn level: per-turn sums of every quantity in one index_add, extremes in one scatter_reduce
+    in_turn = valid & (turn_ids >= 0)
+    index = turn_index(turn_ids)
+    summed = {"n_tokens": torch.ones(shape, dtype=dtype, device=device), "ratio": ratio, "log_ratio": log_ratio,
+              "clip_frac": token_clipped, "kl_k3": kl_old}  # fmt: skip
+    if adv is not None:
+        summed["advantage"] = adv
+    if entropy is not None:
+        summed["entropy"] = entropy
+    sums = turn_sums(torch.stack(list(summed.values())), index, in_turn)
+    turn_means = dict(zip(summed, sums / sums[0].clamp_min(1), strict=True))
+    n_tokens, turn_log_sum = sums[0], sums[2]
+    turn_ratio_mean, turn_ratio_geo = turn_means["ratio"], turn_means["log_ratio"].exp()
+    positions = torch.arange(shape[1], device=device).to(dtype).expand(shape)
+    neg_max, turn_min, first = turn_mins(torch.stack((-ratio, ratio, positions)), index, in_turn)
+    turn_exists = n_tokens > 0
+    turn_clipped = (clipped_low(turn_ratio_mean, clip_eps) | clipped_high(turn_ratio_mean, eps_high)).to(dtype)
+    per_turn = torch.stack((turn_ratio_mean, turn_ratio_geo, turn_clipped, turn_log_sum.abs()))
+    out.add(["turn_ratio_mean", "turn_geo_ratio_mean", "clip_frac_turn"], masked_means(per_turn[:3], turn_exists))
+    lowest, highest = masked_extremes(per_turn[[0, 3]], turn_exists)
+    out.add(["turn_ratio_min", None], lowest)
+    out.add(["turn_ratio_max", "turn_log_ratio_sum_max"], highest)
+
+    # sequence level
+    row_valid = valid.any(dim=1)
+    seq_ratio = masked_mean(masked_mean(log_ratio, valid, dim=1).exp(), row_valid)
     nonfinite = (policy & ~finite).sum().to(dtype)
+    episode_reward = None
     if rewards is not None:
         rewards = rewards.detach().to(dtype)
         episode_reward = masked_sum(rewards, policy, dim=1) if rewards.dim() == 2 else rewards
         reward_ok = torch.isfinite(episode_reward)
         nonfinite = nonfinite + (~reward_ok).sum().to(dtype)
-        for name, value in value_stats(episode_reward, reward_ok).items():
-            s[f"reward_{name}"] = value
+        reward = torch.where(reward_ok, episode_reward, zero).unsqueeze(0)
+        reward_mean = masked_means(reward, reward_ok)
+        reward_std = masked_means((reward - reward_mean) ** 2, reward_ok).sqrt()
+        out.add(["reward_mean", "reward_std", "reward_min", "reward_max"],
+                torch.cat((reward_mean, reward_std, *masked_extremes(reward, reward_ok))))  # fmt: skip
         if group_ids is not None:  # host ids: an async copy (pageable memory is staged at once, no wait)
             group = group_reward_stats(
-                torch.where(reward_ok, episode_reward, 0.0), group_ids.to(logp.device, non_blocking=True)
+                torch.where(reward_ok, episode_reward, 0.0), group_ids.to(device, non_blocking=True)
             )
-            s["group_reward_std"] = group["std_mean"]
-            s["zero_std_group_frac"] = group["zero_std_frac"]
-    s["nonfinite_count"] = nonfinite
-    s["response_len_mean"] = policy.sum(dim=1).to(dtype).mean()
-    s["response_len_max"] = policy.sum(dim=1).to(dtype).max()
-    s["turns_mean"] = turn_exists.sum(dim=1).to(dtype).mean()
-    s["n_tokens"] = valid.sum().to(dtype)
-
-    # per-turn rows for the ``turns`` table (first max_turn_rows slots of each row)
+            out.add(["group_reward_std", "zero_std_group_frac"], torch.stack((group["std_mean"], group["zero_std_frac"])))
+    lengths = policy.sum(dim=1).to(dtype)
     k = min(max_turn_rows, shape[1])
-    positions = torch.arange(shape[1], device=logp.device).expand(shape)
-    first = turn_reduce(positions.to(dtype), turn_ids, in_turn, "amin")[:, :k]
+    out.add(["seq_ratio_mean", "nonfinite_count", "response_len_mean", "response_len_max", "turns_mean",
+             "n_tokens", "turn_rows_truncated"],
+            torch.stack((seq_ratio, nonfinite, lengths.mean(), lengths.max(),
+                         turn_exists.sum(dim=1).to(dtype).mean(), valid.sum().to(dtype),
+                         turn_exists[:, k:].sum().to(dtype))))  # fmt: skip
+
+    names = [name for name in SCALAR_ORDER if name in out.at]
+    scalar_values = out.gather(names)
+
+    # the turn table (first k slots of each row)
+    first = first[:, :k]
     first_index = first.clamp(0, shape[1] - 1).long()
+    starts = first.isfinite()
+    nan_turns = torch.full_like(first, float("nan"))
 
     def at_turn_start(x: Tensor | None) -> Tensor:
-        if x is None:
-            return torch.full_like(first, float("nan"))
-        return torch.where(first.isfinite(), x.gather(1, first_index), torch.full_like(first, float("nan")))
+        return nan_turns if x is None else torch.where(starts, x.gather(1, first_index), nan_turns)
 
-    def per_turn_mean(x: Tensor | None) -> Tensor:
-        if x is None:
-            return torch.full_like(first, float("nan"))
-        return turn_mean(x, turn_ids, in_turn)[:, :k]
+    turn = {"n_tokens": n_tokens, "ratio_mean": turn_ratio_mean, "ratio_geomean": turn_ratio_geo,
+            "log_ratio_sum": turn_log_sum, "ratio_max": -neg_max, "ratio_min": turn_min,
+            "clip_frac": turn_means["clip_frac"], "turn_clipped": turn_clipped, "kl_k3": turn_means["kl_k3"]}
+    for name in ("advantage", "entropy"):
+        if name in turn_means:
+            turn[name] = turn_means[name]
+    sliced = {name: column[:, :k] for name, column in turn.items()}
+    sliced.update(value=at_turn_start(val), **{"return": at_turn_start(ret)})
+    if episode_reward is not None:
+        sliced["reward"] = episode_reward.unsqueeze(1).expand_as(first)
+    table = torch.stack([sliced.get(name, nan_turns) for name in TURN_COLUMNS] + [turn_exists[:, :k].to(dtype)])
+    return UpdateMetrics(names=names, values=scalar_values, turn_table=table)
 
-    token_clipped = (clipped_low(ratio, clip_eps) | clipped_high(ratio, eps_high)).to(dtype)
-    turns = {
-        "n_tokens": n_tokens[:, :k],
-        "ratio_mean": turn_ratio_mean[:, :k],
-        "ratio_geomean": turn_ratio_geo[:, :k],
-        "log_ratio_sum": turn_log_sum[:, :k],
-        "ratio_max": turn_reduce(ratio, turn_ids, in_turn, "amax")[:, :k],
-        "ratio_min": turn_reduce(ratio, turn_ids, in_turn, "amin")[:, :k],
-        "clip_frac": turn_mean(token_clipped, turn_ids, in_turn)[:, :k],
-        "turn_clipped": turn_clipped[:, :k].to(dtype),
-        "advantage": per_turn_mean(adv),
-        "value": at_turn_start(val),
-        "return": at_turn_start(ret),
-        "reward": (
-            torch.full_like(first, float("nan"))
-            if episode_reward is None
-            else episode_reward.unsqueeze(1).expand_as(first)
-        ),
-        "kl_k3": per_turn_mean(kl_k3(log_ratio)),
-        "entropy": per_turn_mean(entropy),
-    }
-    s["turn_rows_truncated"] = turn_exists[:, k:].sum().to(dtype)
-    return UpdateMetrics(scalars=s, turns=turns, turn_valid=turn_exists[:, :k])
+
+def _stats(prefix: str) -> list[str]:
+    return [f"{prefix}_{stat}" for stat in ("mean", "std", "min", "max")]
+
+
+SCALAR_ORDER = [
+    "ratio_mean", "ratio_min", "ratio_max", "ratio_p01", "ratio_p99", "log_ratio_std", "clip_frac",
+    "clip_frac_low", "clip_frac_high", "kl_old_k1", "kl_old_k2", "kl_old_k3", "seq_ratio_mean",
+    "turn_ratio_mean", "turn_ratio_max", "turn_ratio_min", "turn_geo_ratio_mean", "turn_log_ratio_sum_max",
+    "clip_frac_turn", "kl_ref_k1", "kl_ref_k2", "kl_ref_k3", "entropy", *_stats("adv"), "clip_frac_active",
+    *_stats("value"), *_stats("return"), *_stats("reward"), "group_reward_std", "zero_std_group_frac",
+    "nonfinite_count", "response_len_mean", "response_len_max", "turns_mean", "n_tokens", "turn_rows_truncated",
+]  # fmt: skip
+"""The step-level scalars ``update_metrics`` returns, in this order (those whose inputs were given)."""
