@@ -58,6 +58,7 @@ bench: install
 	$(PY) -m pip install -e ".[dev,bench]"
 	$(PY) benchmarks/bench_writer.py
 	$(PY) benchmarks/bench_overhead.py
+	$(PY) benchmarks/bench_log_update.py
 	$(PY) benchmarks/bench_postmortem.py
 	$(PY) benchmarks/bench_dashboard.py
 

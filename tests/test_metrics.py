@@ -247,10 +247,15 @@ def test_stacked_reductions_match_the_one_at_a_time_ones():
             if not positions:
                 assert torch.isinf(mins[:, b, k]).all()
                 continue
-            assert [float(mins[q, b, k]) for q in range(3)] == [min(float(x[b, t]) for t in positions) for x in stack]
+            assert [float(mins[q, b, k]) for q in range(3)] == [
+                min(float(x[b, t]) for t in positions) for x in stack
+            ]
     assert torch.isinf(mins[:, 0]).all()  # row 0 has no turn: its slots stay at +inf
     nothing = torch.zeros_like(valid)
-    assert all(torch.isnan(stat).all() for stat in (M.masked_means(filled, nothing), *M.masked_extremes(stack, nothing)))
+    assert all(
+        torch.isnan(stat).all()
+        for stat in (M.masked_means(filled, nothing), *M.masked_extremes(stack, nothing))
+    )
 
 
 def test_nonfinite_inputs_are_counted_and_do_not_propagate():
@@ -404,7 +409,9 @@ def test_tails_are_torch_quantiles_of_the_selected_values(n):
     far = torch.rand(int((~mask).sum()), generator=g, dtype=torch.float64) > 0.5
     x[~mask] = torch.where(far, 1e9, -1e9).double()  # values off the mask are never ranked
     got = M.masked_tails(x, mask, 0.01)
-    expected = torch.nanquantile(torch.where(mask, x, float("nan")).flatten(), torch.tensor([0.01, 0.99], dtype=torch.float64))
+    expected = torch.nanquantile(
+        torch.where(mask, x, float("nan")).flatten(), torch.tensor([0.01, 0.99], dtype=torch.float64)
+    )
     assert torch.equal(got, expected) or (n == 0 and torch.isnan(got).all() and torch.isnan(expected).all())
 
 

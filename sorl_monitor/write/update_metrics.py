@@ -19,11 +19,11 @@ from sorl_monitor.write.metrics import (
     kl_k1,
     kl_k2,
     kl_k3,
-    masked_mean,
     masked_extremes,
+    masked_mean,
     masked_means,
-    masked_tails,
     masked_sum,
+    masked_tails,
     token_log_ratio,
     turn_ids_from_mask,
     turn_index,
@@ -192,7 +192,9 @@ def update_metrics(
     zero = torch.zeros((), dtype=dtype, device=device)
     # every per-token quantity is zero-filled off the valid tokens, so masked sums are matrix-vector products
     log_ratio = torch.where(valid, token_log_ratio(logp, old_logp), zero)
-    adv, val, ret, entropy = (None if x is None else torch.where(valid, x, zero) for x in (adv, val, ret, entropy))
+    adv, val, ret, entropy = (
+        None if x is None else torch.where(valid, x, zero) for x in (adv, val, ret, entropy)
+    )
     ratio = log_ratio.exp()
     low, high = clipped_low(ratio, clip_eps), clipped_high(ratio, eps_high)
     token_clipped = (low | high).to(dtype)
@@ -200,7 +202,9 @@ def update_metrics(
     out = _Scalars()
 
     # token level, one stack: the quantities with a spread first (min/max: ratio to return; std: adv to log ratio)
-    spread = {"ratio": ratio} | {name: x for name, x in (("adv", adv), ("value", val), ("return", ret)) if x is not None}
+    spread = {"ratio": ratio} | {
+        name: x for name, x in (("adv", adv), ("value", val), ("return", ret)) if x is not None
+    }
     token = spread | {"log_ratio": log_ratio, "clip_frac": token_clipped, "clip_frac_low": low.to(dtype),
                       "clip_frac_high": high.to(dtype), "kl_old_k1": kl_k1(log_ratio), "kl_old_k2": kl_k2(log_ratio),
                       "kl_old_k3": kl_old}  # fmt: skip
@@ -239,9 +243,13 @@ def update_metrics(
     positions = torch.arange(shape[1], device=device).to(dtype).expand(shape)
     neg_max, turn_min, first = turn_mins(torch.stack((-ratio, ratio, positions)), index, in_turn)
     turn_exists = n_tokens > 0
-    turn_clipped = (clipped_low(turn_ratio_mean, clip_eps) | clipped_high(turn_ratio_mean, eps_high)).to(dtype)
+    turn_clipped = (clipped_low(turn_ratio_mean, clip_eps) | clipped_high(turn_ratio_mean, eps_high)).to(
+        dtype
+    )
     per_turn = torch.stack((turn_ratio_mean, turn_ratio_geo, turn_clipped, turn_log_sum.abs()))
-    out.add(["turn_ratio_mean", "turn_geo_ratio_mean", "clip_frac_turn"], masked_means(per_turn[:3], turn_exists))
+    out.add(
+        ["turn_ratio_mean", "turn_geo_ratio_mean", "clip_frac_turn"], masked_means(per_turn[:3], turn_exists)
+    )
     lowest, highest = masked_extremes(per_turn[[0, 3]], turn_exists)
     out.add(["turn_ratio_min", None], lowest)
     out.add(["turn_ratio_max", "turn_log_ratio_sum_max"], highest)
@@ -265,7 +273,10 @@ def update_metrics(
             group = group_reward_stats(
                 torch.where(reward_ok, episode_reward, 0.0), group_ids.to(device, non_blocking=True)
             )
-            out.add(["group_reward_std", "zero_std_group_frac"], torch.stack((group["std_mean"], group["zero_std_frac"])))
+            out.add(
+                ["group_reward_std", "zero_std_group_frac"],
+                torch.stack((group["std_mean"], group["zero_std_frac"])),
+            )
     lengths = policy.sum(dim=1).to(dtype)
     k = min(max_turn_rows, shape[1])
     out.add(["seq_ratio_mean", "nonfinite_count", "response_len_mean", "response_len_max", "turns_mean",
@@ -286,9 +297,17 @@ def update_metrics(
     def at_turn_start(x: Tensor | None) -> Tensor:
         return nan_turns if x is None else torch.where(starts, x.gather(1, first_index), nan_turns)
 
-    turn = {"n_tokens": n_tokens, "ratio_mean": turn_ratio_mean, "ratio_geomean": turn_ratio_geo,
-            "log_ratio_sum": turn_log_sum, "ratio_max": -neg_max, "ratio_min": turn_min,
-            "clip_frac": turn_means["clip_frac"], "turn_clipped": turn_clipped, "kl_k3": turn_means["kl_k3"]}
+    turn = {
+        "n_tokens": n_tokens,
+        "ratio_mean": turn_ratio_mean,
+        "ratio_geomean": turn_ratio_geo,
+        "log_ratio_sum": turn_log_sum,
+        "ratio_max": -neg_max,
+        "ratio_min": turn_min,
+        "clip_frac": turn_means["clip_frac"],
+        "turn_clipped": turn_clipped,
+        "kl_k3": turn_means["kl_k3"],
+    }
     for name in ("advantage", "entropy"):
         if name in turn_means:
             turn[name] = turn_means[name]
@@ -296,7 +315,9 @@ def update_metrics(
     sliced.update(value=at_turn_start(val), **{"return": at_turn_start(ret)})
     if episode_reward is not None:
         sliced["reward"] = episode_reward.unsqueeze(1).expand_as(first)
-    table = torch.stack([sliced.get(name, nan_turns) for name in TURN_COLUMNS] + [turn_exists[:, :k].to(dtype)])
+    table = torch.stack(
+        [sliced.get(name, nan_turns) for name in TURN_COLUMNS] + [turn_exists[:, :k].to(dtype)]
+    )
     return UpdateMetrics(names=names, values=scalar_values, turn_table=table)
 
 
