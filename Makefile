@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_DIR ?= demo_runs
 
-.PHONY: install demo test test-fast test-verl lint bench browser clean
+.PHONY: install demo test test-fast test-verl lint bench browser clean gpu-wheels
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -64,3 +64,11 @@ bench: install
 
 clean:
 	rm -rf $(VENV) $(VERL_VENV) $(DEMO_DIR) .pytest_cache test-artifacts
+
+# Wheels a lent GPU machine lacks (no network there), for benchmarks/gpu_check.sh: cp312, manylinux x86-64.
+gpu-wheels:
+	grep -qx '/.whl/' .git/info/exclude || echo /.whl/ >> .git/info/exclude
+	python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+	  --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl \
+	  duckdb==2.0.1 trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
