@@ -45,7 +45,7 @@ from trl import GRPOConfig, GRPOTrainer
 from sorl_monitor.diagnose.detectors.config import DetectorConfig
 from sorl_monitor.diagnose.detectors.config import config_from_mapping as detector_config
 from sorl_monitor.integrations.trl import CLIPPED_LOSSES, SO_GRPO, TokenTapMixin, update_keys
-from sorl_monitor.remedy.ctn import CTN_DEFAULTS, CTN_MODES, ctn_controller
+from sorl_monitor.remedy.ctn import CTN_DEFAULTS, CTN_MODES, coef_max_for, ctn_controller
 from sorl_monitor.remedy.ctn_guard import ARMED, GuardDecision, guard_for
 from sorl_monitor.remedy.objective import (
     TURN_RATIO_FORMS,
@@ -83,8 +83,11 @@ class SORLGRPOConfig(GRPOConfig):
         default=CTN_DEFAULTS.ctn_target_clip,
         metadata={"help": "Adaptive λ: the clip fraction to hold; None: fixed λ."},
     )
-    ctn_coef_max: float = field(
-        default=CTN_DEFAULTS.ctn_coef_max, metadata={"help": "Adaptive λ's upper bound."}
+    ctn_coef_max: float | None = field(
+        default=CTN_DEFAULTS.ctn_coef_max,
+        metadata={
+            "help": "Adaptive λ's upper bound; None: a group advantage's default, 32 (or ctn_coef if larger)."
+        },
     )
     ctn_kl_cap: float | None = field(
         default=CTN_DEFAULTS.ctn_kl_cap, metadata={"help": "Cap c on the k3 gradient; None: plain k3."}
@@ -139,7 +142,7 @@ def claimed(args: Any) -> Iterator[None]:
 BOOLEAN_SETTINGS = ("turn_is", "turn_advantage")
 NUMBER_SETTINGS = ("dual_clip", "ctn_coef", "ctn_target_clip", "ctn_coef_max", "ctn_kl_cap")
 WHOLE_SETTINGS = ("ctn_quiet_updates", "ctn_guard_every")
-OPTIONAL_SETTINGS = ("dual_clip", "ctn_target_clip", "ctn_kl_cap", "ctn_guard_every")
+OPTIONAL_SETTINGS = ("dual_clip", "ctn_target_clip", "ctn_coef_max", "ctn_kl_cap", "ctn_guard_every")
 """Settings whose ``None`` means off; every other number must be a finite one."""
 
 
@@ -160,7 +163,7 @@ class SorlLossSettings:
     ctn: str = config_default("ctn")
     ctn_coef: float = config_default("ctn_coef")
     ctn_target_clip: float | None = config_default("ctn_target_clip")
-    ctn_coef_max: float = config_default("ctn_coef_max")
+    ctn_coef_max: float | None = config_default("ctn_coef_max")
     ctn_kl_cap: float | None = config_default("ctn_kl_cap")
     ctn_quiet_updates: int = config_default("ctn_quiet_updates")
     ctn_auto_start: str = config_default("ctn_auto_start")
@@ -198,7 +201,7 @@ class SorlLossSettings:
             raise ValueError(f"dual_clip must be > 1, not {self.dual_clip}")
         if self.ctn_kl_cap is not None and not self.ctn_kl_cap > 1:
             raise ValueError(f"ctn_kl_cap must be > 1, not {self.ctn_kl_cap}")
-        if not 0 <= self.ctn_coef <= self.ctn_coef_max:
+        if not 0 <= self.ctn_coef <= coef_max_for(self.ctn_coef_max, "group", self.ctn_coef):
             raise ValueError(f"need 0 ≤ ctn_coef ≤ ctn_coef_max, got {self.ctn_coef}, {self.ctn_coef_max}")
         if self.ctn_guard_every is not None and self.ctn_guard_every < 1:
             raise ValueError(f"ctn_guard_every must be at least 1, not {self.ctn_guard_every}")
@@ -289,7 +292,8 @@ class SORLLossMixin:
         self.ctn_guard = guard_for(s.ctn, detectors, s.ctn_quiet_updates, s.ctn_auto_start)
         self.ctn_active = s.ctn == "on" or (self.ctn_guard is not None and self.ctn_guard.active)
         self.ctn_coef = s.ctn_coef
-        self.ctn_controller = ctn_controller(s.ctn, s.ctn_coef, s.ctn_target_clip, s.ctn_coef_max)
+        coef_max = coef_max_for(s.ctn_coef_max, "group", s.ctn_coef)  # GRPO's advantage: the group's
+        self.ctn_controller = ctn_controller(s.ctn, s.ctn_coef, s.ctn_target_clip, coef_max)
         self.ctn_switches: list[tuple[int, bool, str]] = []
         self._sorl_seen: tuple[int, int] | None = None  # (update, generation batch) of the last micro-batch
         self._sorl_batch_clip: list[float] = []

@@ -32,7 +32,7 @@ import torch
 
 from sorl_monitor.diagnose.detectors.config import DetectorConfig
 from sorl_monitor.integrations.verl import MonitoredPolicyLoss, config_value
-from sorl_monitor.remedy.ctn import CTN_DEFAULTS, CTN_MODES, ctn_controller
+from sorl_monitor.remedy.ctn import CTN_COEF_MAX, CTN_DEFAULTS, CTN_MODES, coef_max_for, ctn_controller
 from sorl_monitor.remedy.ctn_guard import ARMED, GuardDecision, guard_for
 from sorl_monitor.remedy.objective import (
     TURN_RATIO_FORMS,
@@ -71,7 +71,9 @@ class SorlPolicyLoss(MonitoredPolicyLoss):
         turn_is: the turn-level ratio ``w̄_k`` (False: token ``r_t``, i.e. PPO/GRPO with CTN).
         turn_ratio: ``w̄_k``'s form, ``geomean`` or ``mean``.
         ctn: ``off`` | ``on`` | ``auto`` (the guard switches it; needs the monitor).
-        ctn_coef, ctn_target_clip, ctn_coef_max: λ, and its controller (target None: fixed λ).
+        ctn_coef, ctn_target_clip, ctn_coef_max: λ, and its controller (target None: fixed λ). ``ctn_coef_max``
+            None: the bound of the advantage's source (``remedy.ctn.CTN_COEF_MAX``), read from the actor
+            config's ``policy_loss.loss_mode`` at the first call: 32 under ``so_grpo``, 128 otherwise.
         ctn_kl_cap: cap ``c`` on the k3 gradient (None: plain k3).
         ctn_quiet_updates, ctn_auto_start, detectors: the guard's (``CtnGuard``).
         judge_every: updates between the guard's and λ's looks (a rollout batch's updates, e.g.
@@ -87,7 +89,7 @@ class SorlPolicyLoss(MonitoredPolicyLoss):
         ctn: str = CTN_DEFAULTS.ctn,
         ctn_coef: float = CTN_DEFAULTS.ctn_coef,
         ctn_target_clip: float | None = CTN_DEFAULTS.ctn_target_clip,
-        ctn_coef_max: float = CTN_DEFAULTS.ctn_coef_max,
+        ctn_coef_max: float | None = CTN_DEFAULTS.ctn_coef_max,
         ctn_kl_cap: float | None = CTN_DEFAULTS.ctn_kl_cap,
         ctn_quiet_updates: int = CTN_DEFAULTS.ctn_quiet_updates,
         ctn_auto_start: str = CTN_DEFAULTS.ctn_auto_start,
@@ -110,7 +112,9 @@ class SorlPolicyLoss(MonitoredPolicyLoss):
         self.guard = guard_for(ctn, detectors, ctn_quiet_updates, ctn_auto_start)
         self.ctn_active = ctn == "on" or (self.guard is not None and self.guard.active)
         self.ctn_coef = ctn_coef
-        self.controller = ctn_controller(ctn, ctn_coef, ctn_target_clip, ctn_coef_max)
+        coef_max = coef_max_for(ctn_coef_max, "critic", ctn_coef)  # until the loss mode says a group's
+        self.controller = ctn_controller(ctn, ctn_coef, ctn_target_clip, coef_max)
+        self._bound_from_loss_mode = ctn_coef_max is None  # until the first call names the loss mode
         self.ctn_switches: list[tuple[int, bool, str]] = []
         self._clip_fracs: list[float] = []
         self._columns: dict[str, float] = {}
@@ -129,6 +133,9 @@ class SorlPolicyLoss(MonitoredPolicyLoss):
         rollout_is_weights: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         """``(pg_loss + CTN, metrics)`` of one micro-batch, as verl's policy losses return them."""
+        if self._bound_from_loss_mode:
+            self._bound_from_loss_mode = False
+            self._bound_by_loss_mode(config_value(config_value(config, "policy_loss"), "loss_mode"))
         clip = config_value(config, "clip_ratio", 0.2)
         eps_low = float(config_value(config, "clip_ratio_low", clip))
         eps_high = float(config_value(config, "clip_ratio_high", clip))
@@ -176,6 +183,12 @@ class SorlPolicyLoss(MonitoredPolicyLoss):
             "actor/ctn_coef": float(coef),
         }
         return pg_loss + penalty, metrics
+
+    def _bound_by_loss_mode(self, loss_mode: str | None) -> None:
+        """λ's default bound for the advantage a loss mode implies: a group's under ``so_grpo``."""
+        if self.controller is not None and loss_mode == "so_grpo":
+            self.controller.high = max(CTN_COEF_MAX["group"], self.controller.low)
+            self.controller.value = min(self.controller.value, self.controller.high)
 
     # ------------------------------------------------------------------ rows and the switch
     def _record(self, *args: Any) -> None:

@@ -23,8 +23,8 @@ class CtnSettings:
     """λ (the starting and lowest λ when it adapts)."""
     ctn_target_clip: float | None = 0.05
     """Adaptive λ: the clip fraction CTN's λ holds (``AdaptiveCtnCoef``); None: a fixed λ."""
-    ctn_coef_max: float = 128.0
-    """Adaptive λ's upper bound."""
+    ctn_coef_max: float | None = None
+    """Adaptive λ's upper bound; None: ``CTN_COEF_MAX`` of where the trainer's advantage comes from."""
     ctn_kl_cap: float | None = 3.0
     """Cap ``c`` (> 1) on the gradient of CTN's k3 (``objective.kl_k3_capped``); None: plain k3."""
     ctn_quiet_updates: int = 1024
@@ -35,6 +35,21 @@ class CtnSettings:
 
 CTN_DEFAULTS = CtnSettings()
 """The defaults every trainer's CTN settings take."""
+
+CTN_COEF_MAX = {"critic": 128.0, "group": 32.0}
+"""Adaptive λ's default upper bound by the advantage's source: a critic (PPO, S-PPO, SO-PPO) or the episode's
+group (GRPO, SO-GRPO). A group advantage has no value baseline: with stale rollouts, λ above 32 let CTN's
+pull rather than the policy gradient drive the updates (docs/trainer.md, "λ's bound")."""
+
+
+def coef_max_for(coef_max: float | None, advantage: str, coef: float = CTN_DEFAULTS.ctn_coef) -> float:
+    """``coef_max`` if given, else the default bound for an ``advantage`` from a ``critic`` or a ``group`` (raised
+    to ``coef``, the lowest λ, where that is larger)."""
+    if coef_max is not None:
+        return coef_max
+    if advantage not in CTN_COEF_MAX:
+        raise ValueError(f"advantage must be one of {', '.join(CTN_COEF_MAX)}, not {advantage!r}")
+    return max(CTN_COEF_MAX[advantage], coef)
 
 
 @dataclass

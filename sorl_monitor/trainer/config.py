@@ -12,7 +12,7 @@ from typing import Any
 
 from sorl_monitor.diagnose.detectors.config import DetectorConfig
 from sorl_monitor.diagnose.detectors.config import config_from_mapping as detector_config
-from sorl_monitor.remedy.ctn import CTN_DEFAULTS
+from sorl_monitor.remedy.ctn import CTN_DEFAULTS, coef_max_for
 from sorl_monitor.settings import coerce, field_kinds, parse_assignments
 from sorl_monitor.trainer.env import TaskConfig
 from sorl_monitor.trainer.policy import PolicyConfig
@@ -36,7 +36,9 @@ class TrainConfig:
     ctn_target_clip: float | None = CTN_DEFAULTS.ctn_target_clip
     """Adaptive λ: hold the clip fraction CTN multiplies near this target (λ doubles above 1.5× it, halves
     below it / 1.5, between ``ctn_coef`` and ``ctn_coef_max``, once per rollout batch); None: fixed λ."""
-    ctn_coef_max: float = CTN_DEFAULTS.ctn_coef_max
+    ctn_coef_max: float | None = CTN_DEFAULTS.ctn_coef_max
+    """Adaptive λ's upper bound; default (None): 128 for the algorithms with a critic, 32 for GRPO and SO-GRPO
+    (``remedy.ctn.CTN_COEF_MAX``; ``ctn_coef`` where that is larger)."""
     ctn_raise_unclipped: bool = False
     """Adaptive λ: double it only when the batch's CTN updates had a mean gradient norm (before clipping) at
     most ``max_grad_norm``: once updates are clipped, a larger λ only trades policy gradient for CTN's pull."""
@@ -121,6 +123,14 @@ class TrainConfig:
 
         return self.ctn if self.ctn is not None else get_algorithm(self.algo).default_ctn
 
+    @property
+    def coef_max(self) -> float:
+        """``ctn_coef_max``, or where it is None the default bound of the algorithm's advantage."""
+        from sorl_monitor.trainer.algorithms import get_algorithm
+
+        critic = get_algorithm(self.algo).critic
+        return coef_max_for(self.ctn_coef_max, "critic" if critic else "group", self.ctn_coef)
+
     def check(self) -> TrainConfig:
         """Raise ``ValueError`` naming the first bad knob; return self."""
         from sorl_monitor.trainer.algorithms import get_algorithm
@@ -178,9 +188,9 @@ class TrainConfig:
             raise ValueError(f"ctn_kl_cap must be a finite number > 1, not {self.ctn_kl_cap}")
         if self.ctn_target_clip is not None and not 0 < self.ctn_target_clip < 1:
             raise ValueError(f"ctn_target_clip must be in (0, 1), not {self.ctn_target_clip}")
-        if not self.ctn_coef_max >= self.ctn_coef:
+        if not self.coef_max >= self.ctn_coef:
             raise ValueError(
-                f"ctn_coef_max ({self.ctn_coef_max}) must be at least ctn_coef ({self.ctn_coef})"
+                f"ctn_coef_max ({self.coef_max:g}) must be at least ctn_coef ({self.ctn_coef:g})"
             )
         if self.ctn_clip_level not in CTN_CLIP_LEVELS:
             raise ValueError(

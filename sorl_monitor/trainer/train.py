@@ -173,7 +173,7 @@ class CtnControl:
     @classmethod
     def of(cls, cfg: TrainConfig) -> CtnControl:
         guard = guard_for(cfg.ctn_mode, cfg.detectors, cfg.ctn_quiet_updates, cfg.ctn_auto_start)
-        adaptive = ctn_controller(cfg.ctn_mode, cfg.ctn_coef, cfg.ctn_target_clip, cfg.ctn_coef_max)
+        adaptive = ctn_controller(cfg.ctn_mode, cfg.ctn_coef, cfg.ctn_target_clip, cfg.coef_max)
         active = cfg.ctn_mode == "on" or (guard is not None and guard.active)
         return cls(guard, adaptive, active, cfg.ctn_coef)
 
