@@ -107,6 +107,18 @@ def test_inside_real_verl_the_token_level_loss_is_vanilla_under_every_aggregatio
     loss.close()
 
 
+@pytest.mark.parametrize(("loss_mode", "bound"), [("so_grpo", 32.0), ("so_ppo", 128.0)])
+def test_inside_real_verl_lambdas_bound_follows_the_actor_configs_loss_mode(loss_mode, bound):
+    pytest.importorskip("verl", reason="verl is not installed (make test-verl runs this against verl 0.9.1)")
+    from verl.workers.config import PolicyLossConfig
+
+    config = real_actor_config(policy_loss=PolicyLossConfig(loss_mode=loss_mode))
+    loss = SorlPolicyLoss(ctn="on", monitor=None)
+    old = -torch.rand(2, 6)
+    loss.objective(old, old + 0.1, torch.ones(2, 6), torch.ones(2, 6), config=config)
+    assert loss.controller.high == bound
+
+
 def test_synthetic_drift_switches_auto_ctn_on_and_the_rows_and_alerts_show_it(tmp_path):
     """Synthetic log-probs: 12 updates with a tiny ratio spread, then 12 with a wide one; the guard (blocks of 4
     updates) reads the rank's own rows every 4 updates."""
