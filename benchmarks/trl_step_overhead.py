@@ -190,7 +190,8 @@ def main() -> None:
         parser.exit(
             2, "trl_step_overhead: --steps must be at least 2 × --passes (the first batch is warm-up)\n"
         )
-    torch.set_num_threads(1 if options.device == "cpu" else torch.get_num_threads())
+    if options.device == "cpu":
+        torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
     times: dict[str, list[tuple[float, bool]]] = {v: [] for v in VARIANTS}
     with tempfile.TemporaryDirectory() as folder:

@@ -39,23 +39,6 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     return torch.where(count > 0, total / count.clamp_min(1), torch.full_like(total, float("nan")))
 
 
-def masked_std(x: Tensor, mask: Tensor) -> Tensor:
-    """Population standard deviation ``sqrt(mean((x − mean)²))`` over selected entries."""
-    mean = masked_mean(x, mask)
-    return masked_mean((x - mean) ** 2, mask).sqrt()
-
-
-def masked_max(x: Tensor, mask: Tensor) -> Tensor:
-    """Largest selected value; NaN where nothing is selected."""
-    filled = torch.where(mask.bool(), x, torch.full_like(x, float("-inf"))).amax()
-    return torch.where(mask.any(), filled, torch.full_like(filled, float("nan")))
-
-
-def masked_min(x: Tensor, mask: Tensor) -> Tensor:
-    """Smallest selected value; NaN where nothing is selected."""
-    return -masked_max(-x, mask)
-
-
 def masked_tails(x: Tensor, mask: Tensor, tail: float) -> Tensor:
     """Quantiles ``tail`` and ``1 − tail`` of the selected values, shape ``(2,)``; NaN where nothing is selected.
 
@@ -119,11 +102,8 @@ def turn_index(turn_ids: Tensor) -> Tensor:
 
 
 def turn_sum(x: Tensor, turn_ids: Tensor, valid: Tensor) -> Tensor:
-    """Per-turn ``Σ_{t∈k} x_t`` over valid tokens, shape ``(B, T)`` (differentiable)."""
-    batch, length = turn_ids.shape
-    source = torch.where(valid, x, torch.zeros((), dtype=x.dtype, device=x.device)).flatten()
-    out = torch.zeros(batch * length, dtype=x.dtype, device=x.device)
-    return out.index_add(0, turn_index(turn_ids), source).view(batch, length)
+    """Per-turn ``Σ_{t∈k} x_t`` over valid tokens, shape ``(B, T)`` (differentiable; ``turn_sums`` of one)."""
+    return turn_sums(x.unsqueeze(0), turn_index(turn_ids), valid)[0]
 
 
 def turn_count(turn_ids: Tensor, valid: Tensor) -> Tensor:
@@ -139,23 +119,22 @@ def turn_mean(x: Tensor, turn_ids: Tensor, valid: Tensor) -> Tensor:
 
 def turn_sums(x: Tensor, index: Tensor, valid: Tensor) -> Tensor:
     """Per-turn ``Σ_{t∈k} x[q, t]`` over valid tokens for every ``x[q]`` of ``x (Q, B, T)``: shape ``(Q, B, T)``.
-    ``index``: ``turn_index(turn_ids)``. One 1-D ``index_add_`` per ``q``: on the CPU, one along dimension 1
+    ``index``: ``turn_index(turn_ids)``. One 1-D ``index_add`` per ``q``: on the CPU, one along dimension 1
     of the whole stack is several times slower once the stack outgrows the cache."""
     source = torch.where(valid, x, 0.0).reshape(len(x), -1)
-    out = torch.zeros_like(source)
-    for total, values in zip(out, source, strict=True):
-        total.index_add_(0, index, values)
-    return out.view(x.shape)
+    return torch.stack([torch.zeros_like(values).index_add(0, index, values) for values in source]).view(
+        x.shape
+    )
 
 
 def turn_mins(x: Tensor, index: Tensor, valid: Tensor) -> Tensor:
     """Per-turn ``min_{t∈k} x[q, t]`` over valid tokens for every ``x[q]`` of ``x (Q, B, T)`` (a maximum is
-    ``−min(−x)``): shape ``(Q, B, T)``, inf for empty slots. One 1-D ``scatter_reduce_`` per ``q``."""
+    ``−min(−x)``): shape ``(Q, B, T)``, inf for empty slots. One 1-D ``scatter_reduce`` per ``q``."""
     source = torch.where(valid, x, float("inf")).reshape(len(x), -1)
-    out = torch.full_like(source, float("inf"))
-    for lowest, values in zip(out, source, strict=True):
-        lowest.scatter_reduce_(0, index, values, reduce="amin")
-    return out.view(x.shape)
+    lowest = [
+        torch.full_like(values, float("inf")).scatter_reduce(0, index, values, "amin") for values in source
+    ]
+    return torch.stack(lowest).view(x.shape)
 
 
 def broadcast_turns(per_turn: Tensor, turn_ids: Tensor) -> Tensor:
