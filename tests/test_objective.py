@@ -10,6 +10,7 @@ import torch
 from sorl_monitor.remedy.ctn import AdaptiveCtnCoef
 from sorl_monitor.remedy.objective import (
     ObjectiveSettings,
+    ctn_pull_share,
     kl_k3_capped,
     policy_objective,
     surrogate_ratio,
@@ -103,3 +104,31 @@ def test_per_turn_group_advantage_judges_a_turn_against_episodes_that_reached_it
 def test_the_ctn_controller_doubles_and_halves_within_its_bounds():
     coef = AdaptiveCtnCoef(value=32.0, target=0.05, low=32.0, high=128.0)
     assert [coef.update(f) for f in (0.1, 0.1, 0.1, 0.05, 0.01)] == [64.0, 128.0, None, None, 64.0]
+
+
+@pytest.mark.parametrize(("turn_level", "dual_clip"), [(False, None), (False, 3.0), (True, 3.0)])
+def test_ctns_pull_share_is_its_part_of_the_losss_gradient_on_log_r(turn_level, dual_clip):
+    """``ctn_pull_share`` against autograd: |∂L_CTN/∂log r_t| and |∂L_pg/∂log r_t| summed over agent tokens,
+    token and turn level (with one advantage per turn, as SO-GRPO's), with and without dual-clip, on random
+    ratios far enough out to clip and cap."""
+    gen = torch.Generator().manual_seed(0)
+    old = -torch.rand(6, 12, generator=gen, dtype=torch.float64) * 3
+    log_r = torch.randn(6, 12, generator=gen, dtype=torch.float64) * 0.6
+    adv = torch.randn(6, 12, generator=gen, dtype=torch.float64)
+    mask = (torch.rand(6, 12, generator=gen) > 0.2).double()
+    if turn_level:  # one advantage per turn: the first token's
+        turn_ids = turn_ids_from_mask(mask)
+        first = torch.where(turn_ids >= 0, turn_ids, 0).clamp_max(11)
+        adv = torch.gather(adv, 1, first) * mask
+    s = ObjectiveSettings(dual_clip=dual_clip)
+    pg_grad, ctn_grad = (torch.zeros_like(log_r) for _ in range(2))
+    for part, grad in (("pg_loss", pg_grad), ("ctn_penalty", ctn_grad)):
+        x = log_r.clone().requires_grad_(True)
+        terms = policy_objective(old + x, old, adv, mask, turn_level=turn_level, ctn_coef=2.0, settings=s)
+        getattr(terms, part).backward()
+        grad.copy_(x.grad)
+    expected = ctn_grad.abs().sum() / (ctn_grad.abs().sum() + pg_grad.abs().sum())
+    assert 0.05 < expected < 0.95  # both terms pull
+    assert terms.ctn_pull.item() == pytest.approx(expected.item(), rel=1e-9)
+    ratio = surrogate_ratio(log_r, None, mask, turn_level)
+    assert ctn_pull_share(ratio, adv, log_r, mask, torch.tensor(0.0), s).item() == 0.0  # CTN off: no pull

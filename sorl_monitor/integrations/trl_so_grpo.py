@@ -51,6 +51,7 @@ from sorl_monitor.remedy.objective import (
     TURN_RATIO_FORMS,
     ObjectiveSettings,
     ctn_penalty,
+    ctn_pull_share,
     policy_objective,
     surrogate_ratio,
     turn_group_advantages,
@@ -373,13 +374,14 @@ class SORLLossMixin:
                     self.current_gradient_accumulation_steps if training else 1.0
                 )  # type: ignore[attr-defined]
         if training and terms is not None:
-            clip = float(terms["clip_frac"])
+            clip, pull = float(terms["clip_frac"]), float(terms["pull"])
             if self.ctn_active:
                 self._sorl_batch_clip.append(clip)
             self._sorl_micro = {
                 "ctn_active": float(self.ctn_active),
                 "ctn_coef": float(coef),
                 "ctn_clip_frac": clip,
+                "ctn_pull": pull,
                 "ctn_penalty": float(terms["penalty"].detach()),
                 "dual_clip_frac": float(terms["dual_clip_frac"]),
             }
@@ -428,6 +430,7 @@ class SORLLossMixin:
             loss = loss / self.current_gradient_accumulation_steps  # type: ignore[attr-defined]
         return loss, {
             "clip_frac": terms.clip_frac,
+            "pull": terms.ctn_pull,
             "penalty": terms.ctn_penalty.detach(),
             "dual_clip_frac": terms.dual_clip_frac,
         }
@@ -444,8 +447,12 @@ class SORLLossMixin:
         settings = self.sorl.objective(self.epsilon_low, self.epsilon_high)  # type: ignore[attr-defined]
         ratio = surrogate_ratio(log_ratio, None, mask, turn_level=False)
         penalty, frac = ctn_penalty(log_ratio, ratio, mask, coef, settings)
+        advantages = inputs["advantages"]
+        advantages = advantages.unsqueeze(1).expand_as(logps) if advantages.dim() == 1 else advantages
+        pull = ctn_pull_share(ratio.detach(), advantages, log_ratio.detach(), mask, coef * frac, settings)
         return {
             "clip_frac": frac.detach(),
+            "pull": pull,
             "penalty": penalty,
             "dual_clip_frac": torch.zeros(()),
         }  # penalty: with grad

@@ -36,6 +36,8 @@ from sorl_monitor.remedy.ctn import CTN_COEF_MAX, CTN_DEFAULTS, CTN_MODES, coef_
 from sorl_monitor.remedy.ctn_guard import ARMED, GuardDecision, guard_for
 from sorl_monitor.remedy.objective import (
     TURN_RATIO_FORMS,
+    ObjectiveSettings,
+    ctn_pull_share,
     kl_k3_capped,
     surrogate_objective,
     surrogate_ratio,
@@ -163,12 +165,18 @@ class SorlPolicyLoss(MonitoredPolicyLoss):
             )
             penalty = coef * frac * kl
         dual_frac = masked_mean(((advantages < 0) & (ratio.detach() > dual_clip)).float(), mask)
+        settings = ObjectiveSettings(
+            clip_eps=eps_low, clip_eps_high=eps_high, dual_clip=dual_clip, ctn_kl_cap=self.ctn_kl_cap
+        )
+        pull = ctn_pull_share(ratio.detach(), advantages, log_ratio.detach(), mask, coef * frac, settings,
+                              rollout_is_weights)  # fmt: skip
         if self.ctn_active:
             self._clip_fracs.append(float(frac))
         self._columns = {
             "ctn_active": float(self.ctn_active),
             "ctn_coef": float(coef),
             "ctn_clip_frac": float(frac),
+            "ctn_pull": float(pull),
             "ctn_penalty": float(penalty.detach()),
             "dual_clip_frac": float(dual_frac),
         }

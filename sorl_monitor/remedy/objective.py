@@ -18,6 +18,8 @@ the same functions the monitor logs with::
     k3_c(x) = k3(x̂) + (e^x̂ − 1)(x − x̂),  x̂ = clamp(x, −log c, log c),  k3(x) = e^x − 1 − x
               (Schulman's k3 continued along its tangent: gradient e^x − 1 inside, ≤ c − 1 outside)
     λ       ← 2λ if c̄_batch > 1.5·target,  λ/2 if c̄_batch < target/1.5,  within [low, high]  (``ctn.AdaptiveCtnCoef``)
+    pull    = Σ_t λ c̄ |e^x̂_t − 1| / (Σ_t λ c̄ |e^x̂_t − 1| + Σ_t w_t |ρ_t A_t| 1[J_t has a gradient])
+              CTN's share of the loss's gradient in log r_t, summed over agent tokens (``ctn_pull_share``)
 
 SO-PPO is the turn-level ρ with CTN on a critic's turn advantage; SO-GRPO the turn-level ρ with CTN on the
 group advantage taken per turn (``turn_group_advantages``). CTN's ``λ · clip_fraction · KL`` is our
@@ -53,6 +55,7 @@ __all__ = [
     "PolicyTerms",
     "clipped_surrogate",
     "ctn_penalty",
+    "ctn_pull_share",
     "dual_clip_fraction",
     "group_normalize",
     "kl_k3_capped",
@@ -90,6 +93,8 @@ class PolicyTerms:
     """Share of agent tokens the dual-clip bound caps (``A < 0, ρ > c``)."""
     ratio: Tensor
     """The surrogate's ρ per token (detached)."""
+    ctn_pull: Tensor
+    """CTN's share of the loss's pull on ``log r`` (``ctn_pull_share``; detached, 0 with CTN off)."""
 
     @property
     def loss(self) -> Tensor:
@@ -170,6 +175,34 @@ def ctn_penalty(log_ratio: Tensor, ratio: Tensor, mask: Tensor, coef: float,
     return coef * frac * masked_mean(kl_k3_capped(log_ratio, s.ctn_kl_cap), mask), frac
 
 
+def ctn_pull_share(ratio: Tensor, advantages: Tensor, ctn_log_ratio: Tensor, mask: Tensor, ctn_scale: Tensor,
+                   s: ObjectiveSettings, weights: Tensor | None = None) -> Tensor:  # fmt: skip
+    """CTN's share of the policy loss's gradient in ``log r_t``, summed in magnitude over agent tokens (detached)::
+
+        g_CTN,t = λ c̄ |e^x̂_t − 1|       (``kl_k3_capped``'s slope, x̂ clamped to ±log c)
+        g_pg,t  = w_t |ρ_t A_t|          where J_t has a gradient (inside the clip, or on its improving side,
+                                        and not capped by dual-clip); 0 elsewhere
+        pull    = Σ g_CTN / (Σ g_CTN + Σ g_pg)
+
+    ``ctn_scale`` is ``λ · c̄``. Near 1, CTN's pull back to the anchor, not the policy gradient, moves the
+    policy. Exact for the token ratio and for the geometric turn ratio with one advantage per turn (SO-GRPO's);
+    elsewhere ``g_pg`` is an upper bound (the turn's slope is the mean of its tokens' ``A_t``).
+    """
+    with torch.no_grad():
+        unclipped = ratio * advantages
+        clipped = ratio.clamp(1.0 - s.clip_eps, 1.0 + s.clip_eps_high) * advantages
+        alive = unclipped <= clipped
+        if s.dual_clip is not None:
+            alive &= ~((advantages < 0) & (torch.minimum(unclipped, clipped) < s.dual_clip * advantages))
+        pg = unclipped.abs() * alive * mask
+        if weights is not None:
+            pg = pg * weights
+        bound = math.inf if s.ctn_kl_cap is None else math.log(s.ctn_kl_cap)
+        ctn = ctn_scale * (ctn_log_ratio.clamp(-bound, bound).exp() - 1.0).abs() * mask
+        ctn_sum = ctn.sum()
+        return ctn_sum / (ctn_sum + pg.sum()).clamp_min(1e-12)
+
+
 def policy_objective(
     logp: Tensor,
     old_logp: Tensor,
@@ -199,8 +232,9 @@ def policy_objective(
     ratio = surrogate_ratio(log_ratio, turn_ids, mask, turn_level, s.turn_ratio)
     pg = clipped_surrogate(ratio, advantages, mask, s.clip_eps, s.clip_eps_high, s.dual_clip, weights)
     penalty, frac = ctn_penalty(log_ratio, ratio, mask, ctn_coef, s)
+    pull = ctn_pull_share(ratio.detach(), advantages, log_ratio.detach(), mask, ctn_coef * frac, s, weights)
     return PolicyTerms(pg, penalty, frac.detach(), dual_clip_fraction(ratio, advantages, mask, s.dual_clip),
-                       ratio.detach())  # fmt: skip
+                       ratio.detach(), pull)  # fmt: skip
 
 
 def group_normalize(values: Tensor, group_ids: Tensor, valid: Tensor | None = None) -> Tensor:

@@ -266,6 +266,7 @@ def update_extras(
         "ctn_active": ctn.active,
         "ctn_coef": ctn.applied_coef,
         "ctn_clip_frac": terms.clip_frac,
+        "ctn_pull": terms.ctn_pull,
         "dual_clip_frac": terms.dual_clip_frac,
         "lr": lr,
         "success_rate": episodes.correct[idx].float().mean(),

@@ -95,6 +95,8 @@ def test_auto_ctn_switches_on_when_the_clip_fraction_rises_and_the_rows_show_it(
     assert switch[0]["message"].split(":")[1].strip().split(" ")[0] in trainer.ctn_guard.trip_on
     assert any(row["ctn_penalty"] > 0 for row in second) and all(row["ctn_penalty"] == 0 for row in first)
     assert all(0 <= row["ctn_clip_frac"] <= 1 for row in steps)
+    assert all(row["ctn_pull"] == 0 for row in first)  # CTN off: no pull of its own
+    assert all(0 <= row["ctn_pull"] < 1 for row in second) and any(row["ctn_pull"] > 0 for row in second)
 
 
 @pytest.mark.slow
@@ -114,6 +116,7 @@ def test_ctn_on_with_trls_own_loss_adds_the_penalty_and_adapts_lambda(tmp_path):
     assert all(row["ctn_active"] for row in steps)
     assert steps[0]["ctn_penalty"] == 0  # the first pass is on-policy: ratio 1, nothing clipped
     assert any(row["ctn_penalty"] > 0 for row in steps[1:])
+    assert steps[0]["ctn_pull"] == 0 and any(0 < row["ctn_pull"] < 1 for row in steps[1:])
     changes = [a for a in alerts if a["detector"] == "ctn_coef"]  # λ judged once per generation batch
     assert [a["step"] for a in changes] == [PASSES]
     assert {row["ctn_coef"] for row in steps[:PASSES]} == {32.0}

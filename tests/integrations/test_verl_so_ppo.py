@@ -143,7 +143,7 @@ def test_synthetic_drift_switches_auto_ctn_on_and_the_rows_and_alerts_show_it(tm
     loss.close()
     with open_runs(tmp_path) as runs:
         steps = runs.sql(
-            "SELECT step, ctn_active, ctn_coef, ctn_clip_frac FROM steps ORDER BY step"
+            "SELECT step, ctn_active, ctn_coef, ctn_clip_frac, ctn_pull FROM steps ORDER BY step"
         ).to_pylist()
         alerts = runs.sql("SELECT step, detector FROM alerts WHERE kind = 'action' ORDER BY step").to_pylist()
     assert [row["step"] for row in steps] == list(range(1, 25))
@@ -153,6 +153,8 @@ def test_synthetic_drift_switches_auto_ctn_on_and_the_rows_and_alerts_show_it(tm
     assert on_from > switch[0] and all(row["ctn_active"] for row in steps if row["step"] >= on_from)
     assert all(row["ctn_coef"] == 0 for row in steps if not row["ctn_active"])
     assert not math.isnan(steps[-1]["ctn_clip_frac"])
+    assert all(row["ctn_pull"] == 0 for row in steps if not row["ctn_active"])
+    assert all(0 < row["ctn_pull"] < 1 for row in steps if row["ctn_active"])
 
 
 @pytest.mark.parametrize("field, value", [("ctn", "maybe"), ("turn_ratio", "median"), ("judge_every", 0)])

@@ -20,7 +20,7 @@ STEP_COLUMNS = (
     "log_ratio_std turn_ratio_mean turn_ratio_max seq_ratio_mean clip_frac clip_frac_low clip_frac_high "
     "clip_frac_turn kl_old_k1 kl_old_k3 kl_ref_k3 entropy grad_norm grad_norm_clipped param_norm adv_mean "
     "adv_std reward_mean reward_std zero_std_group_frac response_len_mean turns_mean nonfinite_count "
-    "ctn_clip_frac dual_clip_frac"
+    "ctn_clip_frac ctn_pull dual_clip_frac"
 ).split()
 CRITIC_COLUMNS = ("vf_loss", "value_mean", "return_mean")
 TURN_COLUMNS = (

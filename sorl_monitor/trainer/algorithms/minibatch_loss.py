@@ -19,6 +19,7 @@ from sorl_monitor.remedy.objective import (
     ObjectiveSettings,
     clipped_surrogate,
     ctn_penalty,
+    ctn_pull_share,
     dual_clip_fraction,
     surrogate_ratio,
 )
@@ -49,6 +50,7 @@ class LossTerms:
         Tensor  # what CTN multiplies: the clip fraction of the surrogate's (or the token) ratio, detached
     )
     dual_clip_frac: Tensor  # share of agent tokens the dual-clip bound caps (A < 0, ρ > c), detached
+    ctn_pull: Tensor  # CTN's share of the loss's pull on log r (objective.ctn_pull_share), detached
 
 
 @dataclass(frozen=True)
@@ -110,15 +112,17 @@ def kl_to_reference(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
     return masked_mean(kl_k3(ref_logp - logp), mask)
 
 
-def combine(pg: Tensor, vf: Tensor, penalty: Tensor, frac: Tensor, dual_frac: Tensor, entropy: Tensor,
-            logp: Tensor, batch: Minibatch, s: LossSettings) -> LossTerms:  # fmt: skip
+def combine(pg: Tensor, vf: Tensor, penalty: Tensor, frac: Tensor, dual_frac: Tensor, pull: Tensor,
+            entropy: Tensor, logp: Tensor, batch: Minibatch, s: LossSettings) -> LossTerms:  # fmt: skip
     """``loss = pg + c_v·vf + CTN − c_H·H + β·KL(π_θ‖π_ref)``."""
     loss = pg + s.vf_coef * vf + penalty
     if s.ent_coef:
         loss = loss - s.ent_coef * masked_mean(entropy, batch.mask)
     if s.kl_ref_coef:
         loss = loss + s.kl_ref_coef * kl_to_reference(logp, batch.ref_logp, batch.mask)
-    return LossTerms(loss, pg.detach(), vf.detach(), penalty.detach(), frac.detach(), dual_frac.detach())
+    return LossTerms(
+        loss, pg.detach(), vf.detach(), penalty.detach(), frac.detach(), dual_frac.detach(), pull
+    )
 
 
 def surrogate_loss(
@@ -130,8 +134,10 @@ def surrogate_loss(
     pg = clipped_surrogate(ratio, batch.advantages, batch.mask, s.clip_eps, s.clip_eps_high, s.dual_clip)
     vf = value_loss(out.values, batch.returns, batch.mask) if critic else torch.zeros_like(pg)
     ctn_ratio = ctn_clip_ratio(out.logp, log_ratio, ratio, batch, s)
-    penalty, frac = ctn_penalty(
-        ctn_log_ratio(out.logp, log_ratio, batch, s), ctn_ratio, batch.mask, ctn_coef, s
+    anchor_log_ratio = ctn_log_ratio(out.logp, log_ratio, batch, s)
+    penalty, frac = ctn_penalty(anchor_log_ratio, ctn_ratio, batch.mask, ctn_coef, s)
+    pull = ctn_pull_share(
+        ratio.detach(), batch.advantages, anchor_log_ratio.detach(), batch.mask, ctn_coef * frac, s
     )
     dual_frac = dual_clip_fraction(ratio, batch.advantages, batch.mask, s.dual_clip)
-    return combine(pg, vf, penalty, frac, dual_frac, out.entropy, out.logp, batch, s)
+    return combine(pg, vf, penalty, frac, dual_frac, pull, out.entropy, out.logp, batch, s)
