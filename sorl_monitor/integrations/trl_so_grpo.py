@@ -374,7 +374,9 @@ class SORLLossMixin:
                     self.current_gradient_accumulation_steps if training else 1.0
                 )  # type: ignore[attr-defined]
         if training and terms is not None:
-            clip, pull = float(terms["clip_frac"]), float(terms["pull"])
+            names = ("clip_frac", "pull", "penalty", "dual_clip_frac")
+            scalars = torch.stack([terms[name].detach().double().reshape(()) for name in names])
+            clip, pull, penalty, dual = scalars.tolist()  # one copy to the host, not four
             if self.ctn_active:
                 self._sorl_batch_clip.append(clip)
             self._sorl_micro = {
@@ -382,8 +384,8 @@ class SORLLossMixin:
                 "ctn_coef": float(coef),
                 "ctn_clip_frac": clip,
                 "ctn_pull": pull,
-                "ctn_penalty": float(terms["penalty"].detach()),
-                "dual_clip_frac": float(terms["dual_clip_frac"]),
+                "ctn_penalty": penalty,
+                "dual_clip_frac": dual,
             }
         return loss
 
@@ -454,7 +456,7 @@ class SORLLossMixin:
             "clip_frac": frac.detach(),
             "pull": pull,
             "penalty": penalty,
-            "dual_clip_frac": torch.zeros(()),
+            "dual_clip_frac": torch.zeros((), device=frac.device),
         }  # penalty: with grad
 
     # ------------------------------------------------------------------ per-turn advantages

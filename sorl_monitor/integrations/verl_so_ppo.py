@@ -170,23 +170,30 @@ class SorlPolicyLoss(MonitoredPolicyLoss):
         )
         pull = ctn_pull_share(ratio.detach(), advantages, log_ratio.detach(), mask, coef * frac, settings,
                               rollout_is_weights)  # fmt: skip
-        if self.ctn_active:
-            self._clip_fracs.append(float(frac))
-        self._columns = {
-            "ctn_active": float(self.ctn_active),
-            "ctn_coef": float(coef),
-            "ctn_clip_frac": float(frac),
-            "ctn_pull": float(pull),
-            "ctn_penalty": float(penalty.detach()),
-            "dual_clip_frac": float(dual_frac),
-        }
         clip_active = (-advantages * ratio.detach().clamp(1 - eps_low, 1 + eps_high)) > (
             -advantages * ratio.detach()
         )
+        on_device = {
+            "ctn_clip_frac": frac,
+            "ctn_pull": pull,
+            "ctn_penalty": penalty.detach(),
+            "dual_clip_frac": dual_frac,
+            "pg_clipfrac": masked_mean(clip_active.float(), mask),
+            "ppo_kl": masked_mean(-log_ratio.detach(), mask),
+        }
+        stacked = torch.stack([value.double().reshape(()) for value in on_device.values()])
+        host = dict(zip(on_device, stacked.tolist(), strict=True))  # one copy to the host, not six
+        if self.ctn_active:
+            self._clip_fracs.append(host["ctn_clip_frac"])
+        self._columns = {
+            "ctn_active": float(self.ctn_active),
+            "ctn_coef": float(coef),
+            **{name: host[name] for name in ("ctn_clip_frac", "ctn_pull", "ctn_penalty", "dual_clip_frac")},
+        }
         metrics = {
-            "actor/pg_clipfrac": float(masked_mean(clip_active.float(), mask)),
-            "actor/ppo_kl": float(masked_mean(-log_ratio.detach(), mask)),
-            "actor/pg_clipfrac_lower": float(dual_frac),
+            "actor/pg_clipfrac": host["pg_clipfrac"],
+            "actor/ppo_kl": host["ppo_kl"],
+            "actor/pg_clipfrac_lower": host["dual_clip_frac"],
             "actor/ctn_penalty": self._columns["ctn_penalty"],
             "actor/ctn_coef": float(coef),
         }
