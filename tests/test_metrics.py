@@ -436,3 +436,9 @@ def test_update_metrics_stays_within_its_kernel_budget():
     with Count():
         update_metrics(logp, old_logp, mask, **inputs)
     assert 100 < Count.calls <= 500
+
+
+def test_to_host_brings_scalar_tensors_back_as_floats_in_one_copy():
+    values = {"a": torch.tensor(0.1, dtype=torch.float64), "b": torch.tensor([2.5]), "c": torch.tensor(3)}
+    assert M.to_host(values) == {"a": 0.1, "b": 2.5, "c": 3.0}  # float64 keeps the value exactly
+    assert M.to_host({}) == {}

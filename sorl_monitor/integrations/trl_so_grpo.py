@@ -56,7 +56,7 @@ from sorl_monitor.remedy.objective import (
     surrogate_ratio,
     turn_group_advantages,
 )
-from sorl_monitor.write.metrics import masked_mean, turn_ids_from_mask
+from sorl_monitor.write.metrics import masked_mean, to_host, turn_ids_from_mask
 
 
 @dataclass
@@ -374,18 +374,17 @@ class SORLLossMixin:
                     self.current_gradient_accumulation_steps if training else 1.0
                 )  # type: ignore[attr-defined]
         if training and terms is not None:
-            names = ("clip_frac", "pull", "penalty", "dual_clip_frac")
-            scalars = torch.stack([terms[name].detach().double().reshape(()) for name in names])
-            clip, pull, penalty, dual = scalars.tolist()  # one copy to the host, not four
+            host = to_host({name: terms[name] for name in ("clip_frac", "pull", "penalty", "dual_clip_frac")})
+            clip = host["clip_frac"]
             if self.ctn_active:
                 self._sorl_batch_clip.append(clip)
             self._sorl_micro = {
                 "ctn_active": float(self.ctn_active),
                 "ctn_coef": float(coef),
                 "ctn_clip_frac": clip,
-                "ctn_pull": pull,
-                "ctn_penalty": penalty,
-                "dual_clip_frac": dual,
+                "ctn_pull": host["pull"],
+                "ctn_penalty": host["penalty"],
+                "dual_clip_frac": host["dual_clip_frac"],
             }
         return loss
 

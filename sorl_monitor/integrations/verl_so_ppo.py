@@ -43,7 +43,7 @@ from sorl_monitor.remedy.objective import (
     surrogate_ratio,
     turn_ids_from_mask,
 )
-from sorl_monitor.write.metrics import clip_fraction, masked_mean
+from sorl_monitor.write.metrics import clip_active, clip_fraction, masked_mean, to_host
 
 LOSS_NAMES = ("so_ppo", "so_grpo")
 VERL_LOG_RATIO_CLAMP = 20.0
@@ -170,19 +170,18 @@ class SorlPolicyLoss(MonitoredPolicyLoss):
         )
         pull = ctn_pull_share(ratio.detach(), advantages, log_ratio.detach(), mask, coef * frac, settings,
                               rollout_is_weights)  # fmt: skip
-        clip_active = (-advantages * ratio.detach().clamp(1 - eps_low, 1 + eps_high)) > (
-            -advantages * ratio.detach()
+        host = to_host(
+            {
+                "ctn_clip_frac": frac,
+                "ctn_pull": pull,
+                "ctn_penalty": penalty.detach(),
+                "dual_clip_frac": dual_frac,
+                "pg_clipfrac": masked_mean(
+                    clip_active(ratio.detach(), advantages, eps_low, eps_high).float(), mask
+                ),
+                "ppo_kl": masked_mean(-log_ratio.detach(), mask),
+            }
         )
-        on_device = {
-            "ctn_clip_frac": frac,
-            "ctn_pull": pull,
-            "ctn_penalty": penalty.detach(),
-            "dual_clip_frac": dual_frac,
-            "pg_clipfrac": masked_mean(clip_active.float(), mask),
-            "ppo_kl": masked_mean(-log_ratio.detach(), mask),
-        }
-        stacked = torch.stack([value.double().reshape(()) for value in on_device.values()])
-        host = dict(zip(on_device, stacked.tolist(), strict=True))  # one copy to the host, not six
         if self.ctn_active:
             self._clip_fracs.append(host["ctn_clip_frac"])
         self._columns = {

@@ -37,6 +37,7 @@ from torch import Tensor
 from sorl_monitor.remedy.ctn import CTN_DEFAULTS
 from sorl_monitor.write.metrics import (
     broadcast_turns,
+    clip_active,
     clip_fraction,
     kl_k3,
     masked_mean,
@@ -189,12 +190,10 @@ def ctn_pull_share(ratio: Tensor, advantages: Tensor, ctn_log_ratio: Tensor, mas
     elsewhere ``g_pg`` is an upper bound (the turn's slope is the mean of its tokens' ``A_t``).
     """
     with torch.no_grad():
-        unclipped = ratio * advantages
-        clipped = ratio.clamp(1.0 - s.clip_eps, 1.0 + s.clip_eps_high) * advantages
-        alive = unclipped <= clipped
+        alive = ~clip_active(ratio, advantages, s.clip_eps, s.clip_eps_high)
         if s.dual_clip is not None:
-            alive &= ~((advantages < 0) & (torch.minimum(unclipped, clipped) < s.dual_clip * advantages))
-        pg = unclipped.abs() * alive * mask
+            alive &= ~((advantages < 0) & (ratio > s.dual_clip))
+        pg = (ratio * advantages).abs() * alive * mask
         if weights is not None:
             pg = pg * weights
         bound = math.inf if s.ctn_kl_cap is None else math.log(s.ctn_kl_cap)

@@ -201,6 +201,17 @@ def clip_active(ratio: Tensor, advantages: Tensor, eps_low: float, eps_high: flo
     )
 
 
+def to_host(values: dict[str, Tensor]) -> dict[str, float]:
+    """Scalar tensors as floats in one stacked copy to the host (one sync, not one per value); float64 where the
+    device has it (not MPS)."""
+    if not values:
+        return {}
+    first = next(iter(values.values()))
+    dtype = torch.float32 if first.device.type == "mps" else torch.float64
+    stacked = torch.stack([value.detach().to(dtype).reshape(()) for value in values.values()])
+    return dict(zip(values, stacked.tolist(), strict=True))
+
+
 def kl_k1(log_ratio: Tensor) -> Tensor:
     """Schulman's k1 ``−x`` with ``x = log π_θ − log π_old``: unbiased for KL(π_old‖π_θ) on π_old samples."""
     return -log_ratio
